@@ -1,1 +1,40 @@
-//! placeholder
+//! # rlft-model: the model runtime of rlft
+//!
+//! The only crate that knows tensors and devices. It loads the models users train (Hugging Face
+//! directories and GGUF files; Llama, Qwen2/2.5 and Qwen3), computes what transformers computes,
+//! and generates text.
+//!
+//! - [`config`]: `config.json` <-> [`config::ModelConfig`] (both rope layouts).
+//! - [`decoder`]: the transformer with HF weight names; [`decoder::CausalLm::forward`] takes an
+//!   external [`kv_cache::KvCache`] so one set of weights serves rollout, reference and training.
+//! - [`ops`]: RMSNorm, RoPE, grouped-query attention; fused kernels for inference, differentiable
+//!   composites for training.
+//! - [`sampling`], [`generate`]: batched, seeded generation sharing each prompt's prefill.
+//! - [`load`]: one entry point, [`load::load_model`], for directories and GGUF files;
+//!   [`export`] writes any loaded model back as an HF directory.
+//! - [`tiny`]: deterministic tiny random models for tests.
+
+pub mod config;
+pub mod decoder;
+pub mod error;
+pub mod export;
+pub mod generate;
+pub mod generation_config;
+pub mod gguf_load;
+pub mod kv_cache;
+pub mod load;
+pub mod ops;
+pub mod safetensors_io;
+pub mod sampling;
+pub mod testing;
+pub mod tiny;
+pub mod util;
+
+pub use config::{Family, ModelConfig};
+pub use decoder::{Batch, CausalLm};
+pub use error::{ModelError, Result};
+pub use generate::{generate, Completion, FinishReason, GenerateRequest};
+pub use generation_config::GenerationConfig;
+pub use kv_cache::KvCache;
+pub use load::{load_model, LoadedModel};
+pub use sampling::SamplingParams;

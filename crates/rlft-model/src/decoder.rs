@@ -1,0 +1,380 @@
+//! The decoder-only transformer shared by Llama, Qwen2 and Qwen3, with HF weight names.
+//!
+//! What differs per family lives in `models/`: which weights exist (q/k/v biases for Qwen2,
+//! q/k norms for Qwen3) and how GGUF metadata maps to the config. The forward pass reads like
+//! transformers' `modeling_llama.py`.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor, D};
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::kv_cache::KvCache;
+use crate::ops::{self, Linear};
+
+/// One attention block.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    /// `self_attn.q_proj`.
+    pub q_proj: Linear,
+    /// `self_attn.k_proj`.
+    pub k_proj: Linear,
+    /// `self_attn.v_proj`.
+    pub v_proj: Linear,
+    /// `self_attn.o_proj`.
+    pub o_proj: Linear,
+    /// `self_attn.q_norm.weight` (Qwen3).
+    pub q_norm: Option<Tensor>,
+    /// `self_attn.k_norm.weight` (Qwen3).
+    pub k_norm: Option<Tensor>,
+}
+
+/// The SwiGLU MLP.
+#[derive(Debug, Clone)]
+pub struct Mlp {
+    /// `mlp.gate_proj`.
+    pub gate_proj: Linear,
+    /// `mlp.up_proj`.
+    pub up_proj: Linear,
+    /// `mlp.down_proj`.
+    pub down_proj: Linear,
+}
+
+/// One decoder layer.
+#[derive(Debug, Clone)]
+pub struct Layer {
+    /// `input_layernorm.weight`.
+    pub input_layernorm: Tensor,
+    /// `self_attn.*`.
+    pub self_attn: Attention,
+    /// `post_attention_layernorm.weight`.
+    pub post_attention_layernorm: Tensor,
+    /// `mlp.*`.
+    pub mlp: Mlp,
+}
+
+/// A causal language model: embeddings, layers, final norm, LM head.
+#[derive(Debug, Clone)]
+pub struct CausalLm {
+    /// Shape and family.
+    pub config: ModelConfig,
+    /// `model.embed_tokens.weight [vocab, hidden]`.
+    pub embed_tokens: Tensor,
+    /// `model.layers.*`.
+    pub layers: Vec<Layer>,
+    /// `model.norm.weight`.
+    pub norm: Tensor,
+    /// `lm_head.weight [vocab, hidden]`; `None` when tied to the embeddings.
+    pub lm_head: Option<Tensor>,
+    inv_freq: Tensor,
+}
+
+/// One forward call's inputs.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// Token ids `[b, t]` (u32).
+    pub ids: Tensor,
+    /// Rotary positions `[b, t]` (u32): for left-padded rows, counted from the first real token.
+    pub positions: Tensor,
+    /// Additive attention bias `[b, 1, t, past + t]` (0 or -inf).
+    pub bias: Tensor,
+}
+
+impl Batch {
+    /// Builds a left-padded batch from rows of token ids continuing a cache with `past`
+    /// positions, where `pad[r]` leading positions of row `r` (in the cache and in these ids)
+    /// are padding. Returns the batch; padding ids are `pad_id`.
+    pub fn left_padded(
+        rows: &[Vec<u32>],
+        pad: &[usize],
+        past: usize,
+        pad_id: u32,
+        device: &Device,
+    ) -> Result<Batch> {
+        let t = rows.iter().map(Vec::len).max().unwrap_or(0);
+        let b = rows.len();
+        let mut ids = Vec::with_capacity(b * t);
+        let mut pos = Vec::with_capacity(b * t);
+        for (row, &p) in rows.iter().zip(pad) {
+            let extra = t - row.len();
+            for i in 0..t {
+                let abs = past + i;
+                ids.push(if i < extra { pad_id } else { row[i - extra] });
+                pos.push(abs.saturating_sub(p) as u32);
+            }
+        }
+        Ok(Batch {
+            ids: Tensor::from_vec(ids, (b, t), device)?,
+            positions: Tensor::from_vec(pos, (b, t), device)?,
+            bias: ops::causal_bias(pad, past, t, device)?,
+        })
+    }
+}
+
+fn take(w: &mut HashMap<String, Tensor>, name: &str, shape: &[usize]) -> Result<Tensor> {
+    let t = w.remove(name).ok_or_else(|| ModelError::MissingWeight {
+        name: name.to_string(),
+        source_desc: "the weights".into(),
+    })?;
+    if t.dims() != shape {
+        return Err(ModelError::ShapeMismatch {
+            name: name.to_string(),
+            got: t.dims().to_vec(),
+            expected: shape.to_vec(),
+        });
+    }
+    Ok(t)
+}
+
+fn linear(
+    w: &mut HashMap<String, Tensor>,
+    prefix: &str,
+    out: usize,
+    inp: usize,
+    bias: bool,
+) -> Result<Linear> {
+    let weight = take(w, &format!("{prefix}.weight"), &[out, inp])?;
+    let bias = if bias {
+        Some(take(w, &format!("{prefix}.bias"), &[out])?)
+    } else {
+        None
+    };
+    Ok(Linear { weight, bias })
+}
+
+impl CausalLm {
+    /// Assembles a model from HF-named tensors (already in the target dtype and device).
+    /// Unused tensors are an error: they mean the config does not describe the checkpoint.
+    pub fn from_weights(config: ModelConfig, mut w: HashMap<String, Tensor>) -> Result<Self> {
+        config.validate()?;
+        let c = &config;
+        let (h, hd) = (c.hidden_size, c.head_dim);
+        let (q, kv) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
+        let embed_tokens = take(&mut w, "model.embed_tokens.weight", &[c.vocab_size, h])?;
+        let device = embed_tokens.device().clone();
+        let qkv_bias = c.attention_bias;
+        let o_bias = c.attention_bias && c.family != crate::config::Family::Qwen2;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for i in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let norm = |w: &mut HashMap<String, Tensor>, n: &str| {
+                if c.family.has_qk_norm() {
+                    take(w, &format!("{p}.self_attn.{n}.weight"), &[hd]).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            let self_attn = Attention {
+                q_proj: linear(&mut w, &format!("{p}.self_attn.q_proj"), q, h, qkv_bias)?,
+                k_proj: linear(&mut w, &format!("{p}.self_attn.k_proj"), kv, h, qkv_bias)?,
+                v_proj: linear(&mut w, &format!("{p}.self_attn.v_proj"), kv, h, qkv_bias)?,
+                o_proj: linear(&mut w, &format!("{p}.self_attn.o_proj"), h, q, o_bias)?,
+                q_norm: norm(&mut w, "q_norm")?,
+                k_norm: norm(&mut w, "k_norm")?,
+            };
+            let i_sz = c.intermediate_size;
+            let mlp = Mlp {
+                gate_proj: linear(&mut w, &format!("{p}.mlp.gate_proj"), i_sz, h, c.mlp_bias)?,
+                up_proj: linear(&mut w, &format!("{p}.mlp.up_proj"), i_sz, h, c.mlp_bias)?,
+                down_proj: linear(&mut w, &format!("{p}.mlp.down_proj"), h, i_sz, c.mlp_bias)?,
+            };
+            layers.push(Layer {
+                input_layernorm: take(&mut w, &format!("{p}.input_layernorm.weight"), &[h])?,
+                self_attn,
+                post_attention_layernorm: take(
+                    &mut w,
+                    &format!("{p}.post_attention_layernorm.weight"),
+                    &[h],
+                )?,
+                mlp,
+            });
+        }
+        let norm = take(&mut w, "model.norm.weight", &[h])?;
+        let lm_head = if c.tie_word_embeddings {
+            w.remove("lm_head.weight");
+            None
+        } else {
+            Some(take(&mut w, "lm_head.weight", &[c.vocab_size, h])?)
+        };
+        // Rotary buffers some exporters keep are derived data, not weights.
+        w.retain(|k, _| !k.ends_with("rotary_emb.inv_freq"));
+        if let Some(extra) = w.keys().min() {
+            return Err(ModelError::config(format!(
+                "unexpected weight `{extra}` ({} unused in all): the checkpoint has weights its \
+                 config.json does not describe (wrong architecture or layer count?)",
+                w.len()
+            )));
+        }
+        let inv_freq = Tensor::new(ops::inv_freq(&c.rope, hd), &device)?;
+        Ok(CausalLm {
+            config,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            inv_freq,
+        })
+    }
+
+    /// Device of the weights.
+    pub fn device(&self) -> &Device {
+        self.embed_tokens.device()
+    }
+
+    /// Dtype of the weights.
+    pub fn dtype(&self) -> DType {
+        self.embed_tokens.dtype()
+    }
+
+    /// The LM head matrix `[vocab, hidden]` (the embedding when tied).
+    pub fn lm_head_weight(&self) -> &Tensor {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
+    }
+
+    /// All weights with their HF names (tied `lm_head` omitted), in a stable order.
+    pub fn named_weights(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![(
+            "model.embed_tokens.weight".to_string(),
+            self.embed_tokens.clone(),
+        )];
+        let lin = |out: &mut Vec<(String, Tensor)>, n: String, l: &Linear| {
+            out.push((format!("{n}.weight"), l.weight.clone()));
+            if let Some(b) = &l.bias {
+                out.push((format!("{n}.bias"), b.clone()));
+            }
+        };
+        for (i, l) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            out.push((
+                format!("{p}.input_layernorm.weight"),
+                l.input_layernorm.clone(),
+            ));
+            let a = &l.self_attn;
+            lin(&mut out, format!("{p}.self_attn.q_proj"), &a.q_proj);
+            lin(&mut out, format!("{p}.self_attn.k_proj"), &a.k_proj);
+            lin(&mut out, format!("{p}.self_attn.v_proj"), &a.v_proj);
+            lin(&mut out, format!("{p}.self_attn.o_proj"), &a.o_proj);
+            if let Some(n) = &a.q_norm {
+                out.push((format!("{p}.self_attn.q_norm.weight"), n.clone()));
+            }
+            if let Some(n) = &a.k_norm {
+                out.push((format!("{p}.self_attn.k_norm.weight"), n.clone()));
+            }
+            out.push((
+                format!("{p}.post_attention_layernorm.weight"),
+                l.post_attention_layernorm.clone(),
+            ));
+            lin(&mut out, format!("{p}.mlp.gate_proj"), &l.mlp.gate_proj);
+            lin(&mut out, format!("{p}.mlp.up_proj"), &l.mlp.up_proj);
+            lin(&mut out, format!("{p}.mlp.down_proj"), &l.mlp.down_proj);
+        }
+        out.push(("model.norm.weight".to_string(), self.norm.clone()));
+        if let Some(h) = &self.lm_head {
+            out.push(("lm_head.weight".to_string(), h.clone()));
+        }
+        out
+    }
+
+    /// Runs the decoder: `batch.ids [b, t]` -> final-normed hidden states `[b, t, hidden]`.
+    ///
+    /// With a cache, keys/values of this call are appended and attention covers the cached
+    /// positions (`batch.bias` must then be `[b, 1, t, past + t]`). `grad` selects the
+    /// differentiable op composites instead of the fused no-backward kernels.
+    pub fn forward(
+        &self,
+        batch: &Batch,
+        mut cache: Option<&mut KvCache>,
+        grad: bool,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let (b, t) = batch.ids.dims2()?;
+        if let Some(cache) = cache.as_deref() {
+            if cache.num_layers() != self.layers.len() {
+                return Err(ModelError::Invalid(
+                    "KV cache was created for a model with another layer count".into(),
+                ));
+            }
+        }
+        let (cos, sin) = ops::rope_tables(&self.inv_freq, &batch.positions)?;
+        let mut x = self
+            .embed_tokens
+            .index_select(&batch.ids.flatten_all()?, 0)?
+            .reshape((b, t, c.hidden_size))?;
+        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        for (li, layer) in self.layers.iter().enumerate() {
+            let residual = x.clone();
+            let hs = ops::rms_norm(&x, &layer.input_layernorm, c.rms_norm_eps, grad)?;
+            let a = &layer.self_attn;
+            let heads = |p: &Linear, n: usize| -> Result<Tensor> {
+                Ok(p.forward(&hs)?.reshape((b, t, n, hd))?.transpose(1, 2)?)
+            };
+            let mut q = heads(&a.q_proj, nh)?;
+            let mut k = heads(&a.k_proj, nkv)?;
+            let v = heads(&a.v_proj, nkv)?;
+            if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+                q = ops::rms_norm(&q, qn, c.rms_norm_eps, grad)?;
+                k = ops::rms_norm(&k, kn, c.rms_norm_eps, grad)?;
+            }
+            let q = ops::apply_rope(&q, &cos, &sin, grad)?;
+            let k = ops::apply_rope(&k, &cos, &sin, grad)?;
+            let (k, v) = match cache.as_deref_mut() {
+                Some(cache) => cache.append(li, &k, &v)?,
+                None => (k, v),
+            };
+            let attn = ops::attention(&q, &k, &v, &batch.bias, grad)?;
+            let attn = attn.transpose(1, 2)?.reshape((b, t, nh * hd))?;
+            x = (residual + a.o_proj.forward(&attn)?)?;
+            let residual = x.clone();
+            let hs = ops::rms_norm(&x, &layer.post_attention_layernorm, c.rms_norm_eps, grad)?;
+            let m = &layer.mlp;
+            let act = (m.gate_proj.forward(&hs)?.silu()? * m.up_proj.forward(&hs)?)?;
+            x = (residual + m.down_proj.forward(&act)?)?;
+        }
+        ops::rms_norm(&x, &self.norm, c.rms_norm_eps, grad)
+    }
+
+    /// Logits of chosen hidden rows: `hidden [n, hidden] -> [n, vocab]` in f32.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        let w = self.lm_head_weight();
+        Ok(hidden.matmul(&w.t()?)?.to_dtype(DType::F32)?)
+    }
+
+    /// Logits at one position per row: `hidden [b, t, h]`, `pos[r]` -> `[b, vocab]` f32.
+    pub fn logits_at(&self, hidden: &Tensor, pos: &[usize]) -> Result<Tensor> {
+        let (b, t, h) = hidden.dims3()?;
+        let idx: Vec<u32> = pos
+            .iter()
+            .enumerate()
+            .map(|(r, &p)| (r * t + p.min(t - 1)) as u32)
+            .collect();
+        let idx = Tensor::from_vec(idx, b, hidden.device())?;
+        let rows = hidden.reshape((b * t, h))?.index_select(&idx, 0)?;
+        self.logits(&rows)
+    }
+
+    /// Log-probabilities of `targets` under the model: `hidden [n, h]`, `targets [n]` (u32)
+    /// -> `[n]` f32, computed `chunk` rows at a time so `[n, vocab]` is never whole in memory.
+    /// Differentiable when `hidden` is.
+    pub fn target_logprobs(
+        &self,
+        hidden: &Tensor,
+        targets: &Tensor,
+        chunk: usize,
+    ) -> Result<Tensor> {
+        let n = hidden.dim(0)?;
+        let chunk = chunk.max(1);
+        let mut parts = Vec::with_capacity(n.div_ceil(chunk));
+        let mut start = 0;
+        while start < n {
+            let len = chunk.min(n - start);
+            let logits = self.logits(&hidden.narrow(0, start, len)?)?;
+            let lse = logits.log_sum_exp(D::Minus1)?;
+            let tgt = targets.narrow(0, start, len)?.unsqueeze(1)?;
+            let picked = logits.gather(&tgt, 1)?.squeeze(1)?;
+            parts.push((picked - lse)?);
+            start += len;
+        }
+        Ok(Tensor::cat(&parts, 0)?)
+    }
+}

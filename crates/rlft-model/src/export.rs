@@ -1,0 +1,101 @@
+//! Writing a model as a Hugging Face directory that transformers loads: `config.json`,
+//! `model.safetensors` (sharded with an index above `shard_bytes`), `generation_config.json`,
+//! `tokenizer.json`, `tokenizer_config.json` (with the chat template).
+//!
+//! The directory is assembled under a temporary name next to the target and renamed into
+//! place, so an interrupted export never leaves a half-written model under the final name.
+
+use std::path::Path;
+
+use candle_core::DType;
+use rlft_text::{save_tokenizer_dir, TextBundle};
+
+use crate::decoder::CausalLm;
+use crate::error::{ModelError, Result};
+use crate::generation_config::GenerationConfig;
+use crate::safetensors_io::save_tensors;
+use crate::util::write_json_atomic;
+
+/// Options of [`save_hf_dir`].
+#[derive(Debug, Clone)]
+pub struct ExportOptions {
+    /// Dtype of the written weights (`F32`, `BF16` or `F16`).
+    pub dtype: DType,
+    /// Largest shard in bytes before splitting into `model-0000N-of-0000M.safetensors`.
+    pub shard_bytes: usize,
+    /// Replace an existing directory at the target path.
+    pub overwrite: bool,
+}
+
+impl Default for ExportOptions {
+    fn default() -> Self {
+        ExportOptions {
+            dtype: DType::F32,
+            shard_bytes: 4 << 30,
+            overwrite: false,
+        }
+    }
+}
+
+fn dtype_name(d: DType) -> Result<&'static str> {
+    match d {
+        DType::F32 => Ok("float32"),
+        DType::BF16 => Ok("bfloat16"),
+        DType::F16 => Ok("float16"),
+        other => Err(ModelError::Invalid(format!(
+            "cannot export weights as {other:?}; use f32, bf16 or f16"
+        ))),
+    }
+}
+
+/// Writes `model` with its tokenizer and generation defaults as an HF directory at `dir`.
+pub fn save_hf_dir(
+    model: &CausalLm,
+    text: &TextBundle,
+    generation: &GenerationConfig,
+    dir: &Path,
+    opts: &ExportOptions,
+) -> Result<()> {
+    let dtype_str = dtype_name(opts.dtype)?;
+    if dir.exists() && !opts.overwrite {
+        return Err(ModelError::bad_file(
+            dir,
+            "already exists; choose another output directory or pass --overwrite",
+        ));
+    }
+    let parent = dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(|e| ModelError::io(parent, e))?;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let tmp = parent.join(format!(".{name}.partial-{}", std::process::id()));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
+    let result = (|| {
+        let mut cfg = model.config.clone();
+        if cfg.eos_token_ids.is_empty() {
+            cfg.eos_token_ids = generation.eos_token_ids.clone();
+        }
+        cfg.bos_token_id = cfg.bos_token_id.or(generation.bos_token_id);
+        cfg.pad_token_id = cfg.pad_token_id.or(generation.pad_token_id);
+        write_json_atomic(&tmp.join("config.json"), &cfg.to_hf_json(dtype_str)?)?;
+        write_json_atomic(&tmp.join("generation_config.json"), &generation.to_json())?;
+        save_tensors(&tmp, &model.named_weights(), opts.dtype, opts.shard_bytes)?;
+        save_tokenizer_dir(&tmp, text)?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
+    }
+    std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))
+}

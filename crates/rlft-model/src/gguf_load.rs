@@ -1,0 +1,224 @@
+//! GGUF files (llama, qwen2, qwen3 archs) -> HF-named f32 tensors, config and tokenizer.
+//!
+//! Tensors are dequantised to f32 (training needs full precision); llama.cpp's q/k row
+//! permutation of Llama models is undone so the weights are in HF layout.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use rlft_gguf::{GgufFile, Value};
+
+use crate::config::{Family, ModelConfig, RopeConfig, RopeScaling};
+use crate::error::{ModelError, Result};
+use crate::generation_config::GenerationConfig;
+
+/// Maps a llama.cpp tensor name to its HF name (`None` for tensors that are not weights).
+pub fn hf_name(gguf_name: &str) -> Option<String> {
+    let direct = match gguf_name {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(n) = direct {
+        return Some(n.to_string());
+    }
+    let rest = gguf_name.strip_prefix("blk.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let (module, kind) = rest.rsplit_once('.')?;
+    let hf = match module {
+        "attn_norm" => "input_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}.{kind}"))
+}
+
+/// Undoes llama.cpp's rotary row permutation of a Llama q/k weight `[heads * hd, in]` (or bias
+/// `[heads * hd]`): `w.reshape(heads, hd/2, 2, in).transpose(1, 2).reshape(out, in)`.
+pub fn unpermute_rows(w: &Tensor, heads: usize) -> Result<Tensor> {
+    let dims = w.dims().to_vec();
+    let out = dims[0];
+    let inner: usize = dims[1..].iter().product();
+    let hd = out / heads;
+    let t = w
+        .reshape((heads, hd / 2, 2, inner))?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape(dims)?;
+    Ok(t)
+}
+
+fn meta<'a>(g: &'a GgufFile, key: &str) -> Option<&'a Value> {
+    g.metadata().get(key)
+}
+
+fn meta_usize(g: &GgufFile, arch: &str, key: &str) -> Option<usize> {
+    meta(g, &format!("{arch}.{key}")).and_then(Value::as_usize)
+}
+
+fn meta_f64(g: &GgufFile, arch: &str, key: &str) -> Option<f64> {
+    meta(g, &format!("{arch}.{key}")).and_then(Value::as_f64)
+}
+
+/// Reads the model config from GGUF metadata.
+pub fn config_from_gguf(g: &GgufFile, path: &Path) -> Result<ModelConfig> {
+    let arch = meta(g, "general.architecture")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ModelError::bad_file(path, "no `general.architecture` in GGUF metadata"))?
+        .to_string();
+    let family = Family::from_name(&arch).ok_or_else(|| {
+        ModelError::UnknownArchitecture(format!(
+            "`{arch}` in {} (supported GGUF archs: llama, qwen2, qwen3)",
+            path.display()
+        ))
+    })?;
+    let need = |key: &str| {
+        meta_usize(g, &arch, key).ok_or_else(|| {
+            ModelError::bad_file(path, format!("GGUF metadata lacks `{arch}.{key}`"))
+        })
+    };
+    let hidden_size = need("embedding_length")?;
+    let heads = need("attention.head_count")?;
+    let kv_heads = meta_usize(g, &arch, "attention.head_count_kv").unwrap_or(heads);
+    let head_dim = meta_usize(g, &arch, "attention.key_length").unwrap_or(hidden_size / heads);
+    let tensor_names: Vec<&str> = g.tensors().iter().map(|t| t.name.as_str()).collect();
+    let vocab_size = match meta_usize(g, &arch, "vocab_size") {
+        Some(v) => v,
+        None => g
+            .tensors()
+            .iter()
+            .find(|t| t.name == "token_embd.weight")
+            .map(|t| t.shape()[0])
+            .ok_or_else(|| ModelError::bad_file(path, "GGUF has no token_embd.weight"))?,
+    };
+    let theta = meta_f64(g, &arch, "rope.freq_base").unwrap_or(match family {
+        Family::Llama => 10_000.0,
+        _ => 1_000_000.0,
+    });
+    let scaling = if tensor_names.contains(&"rope_freqs.weight") {
+        let (_, f) = g.read_f32("rope_freqs.weight")?;
+        RopeScaling::Factors(f)
+    } else {
+        match meta(g, &format!("{arch}.rope.scaling.type")).and_then(Value::as_str) {
+            None | Some("none") => RopeScaling::Default,
+            Some("linear") => RopeScaling::Linear {
+                factor: meta_f64(g, &arch, "rope.scaling.factor").unwrap_or(1.0),
+            },
+            Some(other) => {
+                return Err(ModelError::config(format!(
+                    "GGUF rope scaling `{other}` is not supported (linear, llama3 are)"
+                )))
+            }
+        }
+    };
+    let tok = |k: &str| meta(g, &format!("tokenizer.ggml.{k}")).and_then(Value::as_u32);
+    let attention_bias = tensor_names.iter().any(|n| n.ends_with("attn_q.bias"));
+    let cfg = ModelConfig {
+        family,
+        vocab_size,
+        hidden_size,
+        intermediate_size: need("feed_forward_length")?,
+        num_hidden_layers: need("block_count")?,
+        num_attention_heads: heads,
+        num_key_value_heads: kv_heads,
+        head_dim,
+        rms_norm_eps: meta_f64(g, &arch, "attention.layer_norm_rms_epsilon").unwrap_or(1e-6),
+        rope: RopeConfig { theta, scaling },
+        max_position_embeddings: meta_usize(g, &arch, "context_length").unwrap_or(4096),
+        tie_word_embeddings: !tensor_names.contains(&"output.weight"),
+        attention_bias,
+        mlp_bias: tensor_names.iter().any(|n| n.ends_with("ffn_up.bias")),
+        bos_token_id: tok("bos_token_id"),
+        eos_token_ids: tok("eos_token_id").into_iter().collect(),
+        pad_token_id: tok("padding_token_id"),
+    };
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Generation defaults implied by the GGUF's tokenizer metadata.
+pub fn generation_from_gguf(cfg: &ModelConfig) -> GenerationConfig {
+    GenerationConfig {
+        eos_token_ids: cfg.eos_token_ids.clone(),
+        bos_token_id: cfg.bos_token_id,
+        pad_token_id: cfg.pad_token_id,
+        ..GenerationConfig::default()
+    }
+}
+
+/// Dequantises every weight to f32, renames to HF and converts to `dtype` on `device`.
+pub fn load_gguf_weights(
+    g: &GgufFile,
+    cfg: &ModelConfig,
+    dtype: DType,
+    device: &Device,
+) -> Result<HashMap<String, Tensor>> {
+    let mut out = HashMap::new();
+    for info in g.tensors() {
+        let Some(name) = hf_name(&info.name) else {
+            continue;
+        };
+        let (shape, data) = g.read_f32(&info.name)?;
+        let mut t = Tensor::from_vec(data, shape.as_slice(), &Device::Cpu)?;
+        if cfg.family == Family::Llama {
+            if name.contains("q_proj") {
+                t = unpermute_rows(&t, cfg.num_attention_heads)?;
+            } else if name.contains("k_proj") {
+                t = unpermute_rows(&t, cfg.num_key_value_heads)?;
+            }
+        }
+        out.insert(name, t.to_dtype(dtype)?.to_device(device)?);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_to_hf() {
+        assert_eq!(
+            hf_name("blk.3.attn_q.weight").as_deref(),
+            Some("model.layers.3.self_attn.q_proj.weight")
+        );
+        assert_eq!(
+            hf_name("blk.0.attn_k_norm.weight").as_deref(),
+            Some("model.layers.0.self_attn.k_norm.weight")
+        );
+        assert_eq!(hf_name("rope_freqs.weight"), None);
+    }
+
+    #[test]
+    fn unpermute_inverts_llama_cpp_permute() {
+        // llama.cpp: w.reshape(heads, 2, hd/2, in).swapaxes(1, 2).reshape(out, in)
+        let (heads, hd, inp) = (2, 4, 3);
+        let w = Tensor::arange(0f32, (heads * hd * inp) as f32, &Device::Cpu)
+            .unwrap()
+            .reshape((heads * hd, inp))
+            .unwrap();
+        let permuted = w
+            .reshape((heads, 2, hd / 2, inp))
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .reshape((heads * hd, inp))
+            .unwrap();
+        let back = unpermute_rows(&permuted, heads).unwrap();
+        assert_eq!(back.to_vec2::<f32>().unwrap(), w.to_vec2::<f32>().unwrap());
+    }
+}

@@ -1,0 +1,209 @@
+//! One entry point for every model source: an HF directory or a GGUF file.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use rlft_gguf::{GgufFile, Value};
+use rlft_text::{load_tokenizer_dir, BpeSpec, TextBundle};
+
+use crate::config::ModelConfig;
+use crate::decoder::CausalLm;
+use crate::error::{ModelError, Result};
+use crate::generation_config::GenerationConfig;
+use crate::gguf_load;
+use crate::safetensors_io;
+
+/// What a model source holds on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceKind {
+    /// A Hugging Face model directory.
+    HfDir,
+    /// A GGUF file (dequantised on load).
+    Gguf,
+}
+
+/// A model with its tokenizer, chat template and generation defaults.
+#[derive(Debug, Clone)]
+pub struct LoadedModel {
+    /// The network.
+    pub model: CausalLm,
+    /// Tokenizer, special tokens and chat template.
+    pub text: TextBundle,
+    /// Generation defaults (eos ids and sampling).
+    pub generation: GenerationConfig,
+    /// Where it came from.
+    pub source: PathBuf,
+    /// Directory or GGUF.
+    pub kind: SourceKind,
+    /// Tensor types found in the source file (e.g. `Q4_1 x 121`), for `rlft inspect`.
+    pub source_dtypes: Vec<(String, usize)>,
+}
+
+/// Options for [`load_model`].
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Where the weights live.
+    pub device: Device,
+    /// Weight dtype (`F32` or `BF16`).
+    pub dtype: DType,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            device: Device::Cpu,
+            dtype: DType::F32,
+        }
+    }
+}
+
+/// Loads a model from an HF directory or a `.gguf` file.
+pub fn load_model(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<LoadedModel> {
+    let path = path.as_ref();
+    if !matches!(opts.dtype, DType::F32 | DType::BF16) {
+        return Err(ModelError::Invalid(format!(
+            "dtype {:?} is not supported; use f32 or bf16",
+            opts.dtype
+        )));
+    }
+    if !path.exists() {
+        return Err(ModelError::bad_file(
+            path,
+            "does not exist; pass an HF model directory, a .gguf file, or `default`",
+        ));
+    }
+    if path.is_dir() {
+        load_hf_dir(path, opts)
+    } else {
+        load_gguf(path, opts)
+    }
+}
+
+fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    let cfg_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            ModelError::bad_file(
+                &cfg_path,
+                "missing; an HF model directory needs config.json next to its safetensors",
+            )
+        } else {
+            ModelError::io(&cfg_path, e)
+        }
+    })?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        ModelError::bad_file(
+            &cfg_path,
+            format!("not valid JSON ({e}); fix or re-download it"),
+        )
+    })?;
+    let config = ModelConfig::from_hf_json(&json).map_err(|e| match e {
+        ModelError::Config(m) => ModelError::bad_file(&cfg_path, m),
+        ModelError::UnknownArchitecture(m) => {
+            ModelError::UnknownArchitecture(format!("{m} in {}", cfg_path.display()))
+        }
+        other => other,
+    })?;
+    let files = safetensors_io::checkpoint_files(dir)?;
+    let mut source_dtypes = std::collections::BTreeMap::new();
+    let weights = safetensors_io::load_tensors(&files, opts.dtype, &opts.device, |dt| {
+        *source_dtypes.entry(dt).or_insert(0usize) += 1
+    })?;
+    let model = CausalLm::from_weights(config, weights)?;
+    let text = load_tokenizer_dir(dir)?;
+    let mut generation = GenerationConfig::from_dir(dir)?.unwrap_or_default();
+    fill_generation_defaults(&mut generation, &model.config, &text);
+    Ok(LoadedModel {
+        model,
+        text,
+        generation,
+        source: dir.to_path_buf(),
+        kind: SourceKind::HfDir,
+        source_dtypes: source_dtypes.into_iter().collect(),
+    })
+}
+
+fn fill_generation_defaults(g: &mut GenerationConfig, c: &ModelConfig, text: &TextBundle) {
+    if g.eos_token_ids.is_empty() {
+        g.eos_token_ids = c.eos_token_ids.clone();
+    }
+    if g.eos_token_ids.is_empty() {
+        g.eos_token_ids.extend(text.eos_id());
+    }
+    g.bos_token_id = g.bos_token_id.or(c.bos_token_id).or(text.bos_id());
+    g.pad_token_id = g.pad_token_id.or(c.pad_token_id).or(text.pad_id());
+}
+
+fn bpe_spec(g: &GgufFile, path: &Path) -> Result<BpeSpec> {
+    let m = g.metadata();
+    let strings = |k: &str| -> Vec<String> {
+        m.get(k)
+            .and_then(Value::as_array)
+            .and_then(|a| a.as_strings())
+            .map(<[String]>::to_vec)
+            .unwrap_or_default()
+    };
+    let tokens = strings("tokenizer.ggml.tokens");
+    if tokens.is_empty() {
+        return Err(ModelError::bad_file(
+            path,
+            "GGUF has no tokenizer (tokenizer.ggml.tokens); use a GGUF with an embedded \
+             tokenizer or an HF directory with tokenizer.json",
+        ));
+    }
+    let id = |k: &str| m.get(k).and_then(Value::as_u32);
+    Ok(BpeSpec {
+        model: m
+            .get("tokenizer.ggml.model")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        tokens,
+        merges: strings("tokenizer.ggml.merges"),
+        token_types: m
+            .get("tokenizer.ggml.token_type")
+            .and_then(Value::as_array)
+            .and_then(|a| a.to_ints::<i32>())
+            .unwrap_or_default(),
+        pre: m
+            .get("tokenizer.ggml.pre")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        bos_id: id("tokenizer.ggml.bos_token_id"),
+        eos_id: id("tokenizer.ggml.eos_token_id"),
+        unk_id: id("tokenizer.ggml.unknown_token_id"),
+        pad_id: id("tokenizer.ggml.padding_token_id"),
+        add_bos: m
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+    })
+}
+
+fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    let g = GgufFile::open(path)?;
+    let config = gguf_load::config_from_gguf(&g, path)?;
+    let mut source_dtypes = std::collections::BTreeMap::new();
+    for t in g.tensors() {
+        *source_dtypes
+            .entry(format!("{:?}", t.ggml_type))
+            .or_insert(0usize) += 1;
+    }
+    let weights = gguf_load::load_gguf_weights(&g, &config, opts.dtype, &opts.device)?;
+    let model = CausalLm::from_weights(config, weights)?;
+    let template = g
+        .metadata()
+        .get("tokenizer.chat_template")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let text = TextBundle::from_bpe_spec(&bpe_spec(&g, path)?, template)?;
+    let mut generation = gguf_load::generation_from_gguf(&model.config);
+    fill_generation_defaults(&mut generation, &model.config, &text);
+    Ok(LoadedModel {
+        model,
+        text,
+        generation,
+        source: path.to_path_buf(),
+        kind: SourceKind::Gguf,
+        source_dtypes: source_dtypes.into_iter().collect(),
+    })
+}

@@ -1,0 +1,272 @@
+//! Building blocks shared by every family: linear layers, RMSNorm, RoPE, attention.
+//!
+//! Each op has two paths. `grad = false` uses candle's fused CPU/CUDA kernels, which are fast but
+//! have no backward (candle 0.11 drops their gradient silently). `grad = true` uses composites of
+//! differentiable ops. Tests check both paths agree.
+
+use candle_core::{DType, Device, Tensor, D};
+
+use crate::config::{RopeConfig, RopeScaling};
+use crate::error::Result;
+
+/// A dense layer in HF layout: `weight [out, in]`, optional `bias [out]`.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    /// `[out, in]`.
+    pub weight: Tensor,
+    /// `[out]`.
+    pub bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// `x [.., in] -> [.., out]`, as one gemm over all leading dims.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let in_dim = *dims.last().expect("rank >= 1");
+        let rows: usize = dims[..dims.len() - 1].iter().product();
+        let x2 = x.contiguous()?.reshape((rows, in_dim))?;
+        let mut y = x2.matmul(&self.weight.t()?)?;
+        if let Some(b) = &self.bias {
+            y = y.broadcast_add(b)?;
+        }
+        let mut out_dims = dims;
+        *out_dims.last_mut().expect("rank >= 1") = self.weight.dim(0)?;
+        Ok(y.reshape(out_dims)?)
+    }
+}
+
+/// RMSNorm over the last dim, statistics in f32 (as transformers):
+/// `x [.., h] -> weight * (x / sqrt(mean(x^2) + eps))`.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, grad: bool) -> Result<Tensor> {
+    let dtype = x.dtype();
+    if !grad && dtype == DType::F32 {
+        return Ok(candle_nn::ops::rms_norm(
+            &x.contiguous()?,
+            weight,
+            eps as f32,
+        )?);
+    }
+    let xf = x.to_dtype(DType::F32)?;
+    let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
+    let normed = xf.broadcast_div(&(var + eps)?.sqrt()?)?.to_dtype(dtype)?;
+    Ok(normed.broadcast_mul(weight)?)
+}
+
+/// Inverse frequencies `[head_dim / 2]` in f32, following transformers' rope init functions.
+pub fn inv_freq(rope: &RopeConfig, head_dim: usize) -> Vec<f32> {
+    let base: Vec<f32> = (0..head_dim / 2)
+        .map(|i| 1.0 / (rope.theta as f32).powf((2 * i) as f32 / head_dim as f32))
+        .collect();
+    match &rope.scaling {
+        RopeScaling::Default => base,
+        RopeScaling::Linear { factor } => base.iter().map(|f| f / *factor as f32).collect(),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let old = *original_max_position_embeddings as f64;
+            let low_wavelen = old / low_freq_factor;
+            let high_wavelen = old / high_freq_factor;
+            base.iter()
+                .map(|&f| {
+                    let f = f as f64;
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    let scaled = if wavelen > low_wavelen { f / factor } else { f };
+                    let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                    if medium {
+                        let smooth = (old / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        ((1.0 - smooth) * scaled / factor + smooth * scaled) as f32
+                    } else {
+                        scaled as f32
+                    }
+                })
+                .collect()
+        }
+        RopeScaling::Factors(div) => base.iter().zip(div).map(|(f, d)| f / d).collect(),
+    }
+}
+
+/// Rotary tables for given positions: `positions [b, t] (u32) -> (cos, sin)`, each
+/// `[b, t, head_dim / 2]` f32. Angles are `position * inv_freq` in f32, as transformers does.
+pub fn rope_tables(inv_freq: &Tensor, positions: &Tensor) -> Result<(Tensor, Tensor)> {
+    let pos = positions.to_dtype(DType::F32)?.unsqueeze(D::Minus1)?;
+    let angles = pos.broadcast_mul(&inv_freq.reshape((1, 1, ()))?)?;
+    Ok((angles.cos()?, angles.sin()?))
+}
+
+/// Applies rotary embeddings (HF "rotate half" convention): `x [b, h, t, d]`,
+/// `cos/sin [b, t, d/2]` -> `[b, h, t, d]`.
+pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, grad: bool) -> Result<Tensor> {
+    let dtype = x.dtype();
+    let (cos, sin) = (cos.to_dtype(dtype)?, sin.to_dtype(dtype)?);
+    if !grad {
+        return Ok(candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin)?);
+    }
+    let d = x.dim(D::Minus1)?;
+    let x1 = x.narrow(D::Minus1, 0, d / 2)?;
+    let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
+    let cos = Tensor::cat(&[&cos, &cos], D::Minus1)?.unsqueeze(1)?;
+    let sin = Tensor::cat(&[&sin, &sin], D::Minus1)?.unsqueeze(1)?;
+    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+    Ok((x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?)?)
+}
+
+/// Softmax over the last dim.
+pub fn softmax(x: &Tensor, grad: bool) -> Result<Tensor> {
+    if grad {
+        Ok(candle_nn::ops::softmax(x, D::Minus1)?)
+    } else {
+        Ok(candle_nn::ops::softmax_last_dim(&x.contiguous()?)?)
+    }
+}
+
+/// Grouped-query attention without copying K/V per query head.
+///
+/// `q [b, h, t, d]`, `k/v [b, kvh, T, d]` (T = past + t), `bias [b, 1, t, T]` additive mask
+/// (0 or -inf) -> `[b, h, t, d]`. Query heads `g*groups .. (g+1)*groups` share kv head `g`,
+/// as in transformers' `repeat_kv`.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, grad: bool) -> Result<Tensor> {
+    let (b, h, t, d) = q.dims4()?;
+    let kvh = k.dim(1)?;
+    let big_t = k.dim(2)?;
+    let groups = h / kvh;
+    let scale = 1.0 / (d as f64).sqrt();
+    let dtype = q.dtype();
+    // [b, kvh, groups * t, d]: rows are (group, position) pairs.
+    let qg = q.contiguous()?.reshape((b, kvh, groups * t, d))?;
+    let scores = (qg.matmul(&k.t()?)? * scale)?;
+    let scores = scores
+        .to_dtype(DType::F32)?
+        .reshape((b, kvh, groups, t, big_t))?
+        .broadcast_add(&bias.unsqueeze(1)?)?
+        .reshape((b, kvh, groups * t, big_t))?;
+    let probs = softmax(&scores, grad)?.to_dtype(dtype)?;
+    let out = probs.matmul(&v.contiguous()?)?;
+    Ok(out.reshape((b, h, t, d))?)
+}
+
+/// Additive attention bias `[b, 1, t, past + t]` for left-padded rows: query `i` of row `r`
+/// sees keys `j <= past + i` that are not padding (`j >= pad[r]`). A fully masked row (a pad
+/// query) keeps its own key so softmax stays finite.
+pub fn causal_bias(pad: &[usize], past: usize, t: usize, device: &Device) -> Result<Tensor> {
+    let total = past + t;
+    let mut data = vec![0f32; pad.len() * t * total];
+    for (r, &p) in pad.iter().enumerate() {
+        for i in 0..t {
+            let row = &mut data[(r * t + i) * total..(r * t + i + 1) * total];
+            let qpos = past + i;
+            for (j, x) in row.iter_mut().enumerate() {
+                let visible = j <= qpos && (j >= p || j == qpos);
+                if !visible {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    Ok(Tensor::from_vec(data, (pad.len(), 1, t, total), device)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rand(shape: &[usize], seed: u64) -> Tensor {
+        let n: usize = shape.iter().product();
+        let mut s = seed;
+        let v: Vec<f32> = (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    }
+
+    #[test]
+    fn fused_and_composite_paths_agree() {
+        let x = rand(&[2, 3, 5, 8], 1);
+        let w = rand(&[8], 2);
+        let a = rms_norm(&x, &w, 1e-5, false).unwrap();
+        let b = rms_norm(&x, &w, 1e-5, true).unwrap();
+        assert!(max_diff(&a, &b) < 1e-5);
+        let pos = Tensor::new(&[[0u32, 1, 2, 3, 4], [7, 8, 9, 10, 11]], &Device::Cpu).unwrap();
+        let rope = RopeConfig {
+            theta: 10000.0,
+            scaling: RopeScaling::Default,
+        };
+        let f = Tensor::new(inv_freq(&rope, 8), &Device::Cpu).unwrap();
+        let (c, s) = rope_tables(&f, &pos).unwrap();
+        let a = apply_rope(&x, &c, &s, false).unwrap();
+        let b = apply_rope(&x, &c, &s, true).unwrap();
+        assert!(max_diff(&a, &b) < 1e-5);
+        let a = softmax(&x, false).unwrap();
+        let b = softmax(&x, true).unwrap();
+        assert!(max_diff(&a, &b) < 1e-6);
+    }
+
+    #[test]
+    fn gqa_attention_matches_repeated_heads() {
+        let (b, h, kvh, t, d) = (2, 4, 2, 3, 8);
+        let q = rand(&[b, h, t, d], 3);
+        let k = rand(&[b, kvh, t, d], 4);
+        let v = rand(&[b, kvh, t, d], 5);
+        let bias = causal_bias(&[0, 1], 0, t, &Device::Cpu).unwrap();
+        let got = attention(&q, &k, &v, &bias, false).unwrap();
+        // Reference: repeat kv heads, plain attention.
+        let rep = |x: &Tensor| {
+            x.unsqueeze(2)
+                .unwrap()
+                .expand((b, kvh, h / kvh, t, d))
+                .unwrap()
+                .reshape((b, h, t, d))
+                .unwrap()
+        };
+        let (k2, v2) = (rep(&k), rep(&v));
+        let s = (q.matmul(&k2.t().unwrap()).unwrap() / (d as f64).sqrt()).unwrap();
+        let s = s.broadcast_add(&bias).unwrap();
+        let p = candle_nn::ops::softmax(&s, D::Minus1).unwrap();
+        let want = p.matmul(&v2).unwrap();
+        assert!(max_diff(&got, &want) < 1e-5);
+    }
+
+    #[test]
+    fn llama3_scaling_leaves_high_frequencies() {
+        let rope = RopeConfig {
+            theta: 500000.0,
+            scaling: RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192,
+            },
+        };
+        let plain = inv_freq(
+            &RopeConfig {
+                theta: 500000.0,
+                scaling: RopeScaling::Default,
+            },
+            128,
+        );
+        let scaled = inv_freq(&rope, 128);
+        assert_eq!(plain[0], scaled[0]);
+        assert!((scaled[63] - plain[63] / 8.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,177 @@
+//! Reading and writing HF safetensors checkpoints (single file or sharded with an index).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use serde_json::{json, Value};
+
+use crate::error::{ModelError, Result};
+
+/// The safetensors files of an HF directory: `model.safetensors`, or the shards named in
+/// `model.safetensors.index.json`.
+pub fn checkpoint_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| {
+            ModelError::bad_file(
+                &index,
+                format!("not valid JSON ({e}); re-download the index"),
+            )
+        })?;
+        let map = v
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| {
+                ModelError::bad_file(&index, "has no `weight_map` object; re-download the index")
+            })?;
+        let mut files: Vec<String> = map
+            .values()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect();
+        files.sort();
+        files.dedup();
+        let paths: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
+        for p in &paths {
+            if !p.exists() {
+                return Err(ModelError::bad_file(
+                    p,
+                    "shard listed in model.safetensors.index.json is missing; the download is \
+                     incomplete",
+                ));
+            }
+        }
+        return Ok(paths);
+    }
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    let mut any: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| ModelError::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    any.sort();
+    if any.is_empty() {
+        return Err(ModelError::bad_file(
+            dir,
+            "no model.safetensors or model.safetensors.index.json; pass an HF model directory \
+             (or a .gguf file)",
+        ));
+    }
+    Ok(any)
+}
+
+/// Loads every tensor of the given files, converted to `dtype` on `device`; `on_dtype` sees the
+/// stored dtype of each tensor (for reports).
+pub fn load_tensors(
+    files: &[PathBuf],
+    dtype: DType,
+    device: &Device,
+    mut on_dtype: impl FnMut(String),
+) -> Result<HashMap<String, Tensor>> {
+    let mut out = HashMap::new();
+    for path in files {
+        let bytes = std::fs::read(path).map_err(|e| ModelError::io(path, e))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
+            ModelError::bad_file(
+                path,
+                format!("corrupt safetensors file ({e}); re-download or re-export it"),
+            )
+        })?;
+        for (name, view) in st.tensors() {
+            on_dtype(format!("{:?}", view.dtype()));
+            let t = view_to_tensor(&view, device).map_err(|e| {
+                ModelError::bad_file(path, format!("tensor `{name}` unreadable: {e}"))
+            })?;
+            out.insert(name, t.to_dtype(dtype)?);
+        }
+    }
+    Ok(out)
+}
+
+fn view_to_tensor(view: &safetensors::tensor::TensorView<'_>, device: &Device) -> Result<Tensor> {
+    use safetensors::Dtype as S;
+    let shape = view.shape().to_vec();
+    let data = view.data();
+    let dtype = match view.dtype() {
+        S::F32 => DType::F32,
+        S::F16 => DType::F16,
+        S::BF16 => DType::BF16,
+        S::F64 => DType::F64,
+        S::I64 => DType::I64,
+        S::U32 => DType::U32,
+        S::U8 => DType::U8,
+        other => {
+            return Err(ModelError::Invalid(format!(
+                "dtype {other:?} is not supported; export the model in float32, float16 or \
+                 bfloat16"
+            )))
+        }
+    };
+    Ok(Tensor::from_raw_buffer(data, dtype, &shape, device)?)
+}
+
+/// Writes tensors as one `model.safetensors`, or as shards of at most `shard_bytes` with a
+/// `model.safetensors.index.json`, converting to `dtype`. Files are written to a temporary name
+/// and renamed, so an interrupted save never leaves a truncated file under the final name.
+pub fn save_tensors(
+    dir: &Path,
+    tensors: &[(String, Tensor)],
+    dtype: DType,
+    shard_bytes: usize,
+) -> Result<Vec<PathBuf>> {
+    let cpu: Vec<(String, Tensor)> = tensors
+        .iter()
+        .map(|(n, t)| Ok((n.clone(), t.to_dtype(dtype)?.to_device(&Device::Cpu)?)))
+        .collect::<Result<_>>()?;
+    let total: usize = cpu
+        .iter()
+        .map(|(_, t)| t.elem_count() * dtype.size_in_bytes())
+        .sum();
+    let mut shards: Vec<Vec<(String, Tensor)>> = vec![Vec::new()];
+    let mut cur = 0usize;
+    for (n, t) in cpu {
+        let sz = t.elem_count() * dtype.size_in_bytes();
+        if cur > 0 && cur + sz > shard_bytes {
+            shards.push(Vec::new());
+            cur = 0;
+        }
+        cur += sz;
+        shards.last_mut().expect("non-empty").push((n, t));
+    }
+    let count = shards.len();
+    let mut written = Vec::new();
+    let mut weight_map = BTreeMap::new();
+    for (i, shard) in shards.into_iter().enumerate() {
+        let name = if count == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{:05}.safetensors", i + 1, count)
+        };
+        for (n, _) in &shard {
+            weight_map.insert(n.clone(), name.clone());
+        }
+        let path = dir.join(&name);
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let map: HashMap<String, Tensor> = shard.into_iter().collect();
+        let mut meta = HashMap::new();
+        meta.insert("format".to_string(), "pt".to_string());
+        safetensors::serialize_to_file(map.iter(), Some(meta), &tmp).map_err(|e| {
+            ModelError::bad_file(
+                &tmp,
+                format!("cannot write safetensors ({e}); check disk space"),
+            )
+        })?;
+        std::fs::rename(&tmp, &path).map_err(|e| ModelError::io(&path, e))?;
+        written.push(path);
+    }
+    if count > 1 {
+        let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+        crate::util::write_json_atomic(&dir.join("model.safetensors.index.json"), &index)?;
+    }
+    Ok(written)
+}
