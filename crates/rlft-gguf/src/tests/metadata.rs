@@ -174,6 +174,9 @@ fn malformed_headers_give_clear_errors() {
     );
     let e = err(&one_tensor(GgmlType::F32, vec![1 << 40, 1 << 40], 0));
     assert!(e.contains("overflow"), "{e}");
+    // Even an empty tensor must not have dims whose product overflows.
+    let e = err(&one_tensor(GgmlType::F32, vec![0, 1 << 40, 1 << 40], 0));
+    assert!(e.contains("overflow"), "{e}");
     let e = err(&one_tensor(GgmlType::F32, vec![1; 5], 4));
     assert!(e.contains("5 dimensions"), "{e}");
 

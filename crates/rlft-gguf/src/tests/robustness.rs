@@ -77,7 +77,8 @@ fn exercise(bytes: &[u8], case: &str) -> bool {
         for info in file.tensors() {
             let _ = (info.shape(), info.n_elements(), info.data_range());
             if let Ok((shape, data)) = file.read_f32(&info.name) {
-                assert_eq!(shape.iter().product::<usize>(), data.len());
+                let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+                assert_eq!(n, Some(data.len()));
             }
         }
         true

@@ -1,0 +1,107 @@
+//! Arguments and helpers shared by the subcommands.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device};
+use clap::Args;
+use rlft_model::load::{load_model, LoadOptions};
+use rlft_model::LoadedModel;
+use rlft_text::Message;
+
+use crate::default_model;
+
+/// Which model to load and how.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// HF model directory, .gguf file, or `default`.
+    #[arg(long, short = 'm', default_value = "default")]
+    pub model: String,
+    /// Weight dtype: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Device: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+/// Parses `--dtype`.
+pub fn parse_dtype(s: &str) -> Result<DType> {
+    match s.to_ascii_lowercase().as_str() {
+        "f32" | "float32" => Ok(DType::F32),
+        "bf16" | "bfloat16" => Ok(DType::BF16),
+        "f16" | "float16" => Ok(DType::F16),
+        other => bail!("unknown dtype `{other}`; use f32 or bf16"),
+    }
+}
+
+/// Parses `--device`.
+pub fn parse_device(s: &str) -> Result<Device> {
+    if s == "cpu" {
+        return Ok(Device::Cpu);
+    }
+    let ordinal = match s.strip_prefix("cuda") {
+        Some("") => 0,
+        Some(rest) => rest
+            .strip_prefix(':')
+            .and_then(|n| n.parse().ok())
+            .with_context(|| format!("bad device `{s}`; use cpu, cuda or cuda:N"))?,
+        None => bail!("unknown device `{s}`; use cpu, cuda or cuda:N"),
+    };
+    if !candle_core::utils::cuda_is_available() {
+        bail!("device `{s}` needs rlft built with CUDA: cargo build --release --features cuda");
+    }
+    Ok(Device::new_cuda(ordinal)?)
+}
+
+/// Loads the model named by the arguments, reporting the time on stderr.
+pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
+    let path = default_model::resolve(&args.model)?;
+    let opts = LoadOptions {
+        device: parse_device(&args.device)?,
+        dtype: parse_dtype(&args.dtype)?,
+    };
+    let t0 = Instant::now();
+    let m = load_model(&path, &opts)?;
+    eprintln!(
+        "loaded {} ({}, {:.1}M params) in {:.1}s",
+        path.display(),
+        m.model.config.family.architecture(),
+        m.model.config.num_parameters() as f64 / 1e6,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(m)
+}
+
+/// Renders `messages` with the model's chat template into prompt token ids.
+pub fn chat_prompt_ids(m: &LoadedModel, messages: &[Message]) -> Result<Vec<u32>> {
+    let tpl = m
+        .text
+        .compile_chat_template()
+        .context("this model has no chat template; drop --chat to use raw prompts")?;
+    let text = tpl.render(messages, &m.text.render_options(true))?;
+    Ok(m.text.encode(&text, false)?)
+}
+
+/// Peak resident memory of this process in MiB (VmHWM).
+pub fn peak_rss_mib() -> Option<f64> {
+    proc_status_kb("VmHWM").map(|kb| kb / 1024.0)
+}
+
+/// Current resident memory in MiB.
+pub fn rss_mib() -> Option<f64> {
+    proc_status_kb("VmRSS").map(|kb| kb / 1024.0)
+}
+
+fn proc_status_kb(key: &str) -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    s.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
+/// Resets the peak-RSS counter to the current RSS (Linux `clear_refs`); false if unsupported.
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}

@@ -1,0 +1,297 @@
+//! `rlft inspect`, `rlft tokenize`, `rlft logprobs`, `rlft convert`: the tools users reach for
+//! when a reward or a template misbehaves.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use candle_core::Tensor;
+use clap::Args;
+use rlft_model::config::RopeScaling;
+use rlft_model::decoder::Batch;
+use rlft_model::export::{save_hf_dir, ExportOptions};
+use rlft_text::Message;
+use serde_json::json;
+
+use crate::common::{chat_prompt_ids, load, parse_dtype, ModelArgs};
+
+/// `rlft inspect`.
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// HF model directory, .gguf file, or `default`.
+    pub path: String,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `rlft inspect`.
+pub fn run_inspect(a: InspectArgs) -> Result<()> {
+    let m = load(&ModelArgs {
+        model: a.path.clone(),
+        dtype: "f32".into(),
+        device: "cpu".into(),
+    })?;
+    let c = &m.model.config;
+    let rope = match &c.rope.scaling {
+        RopeScaling::Default => "default".to_string(),
+        RopeScaling::Linear { factor } => format!("linear x{factor}"),
+        RopeScaling::Llama3 {
+            factor,
+            original_max_position_embeddings,
+            ..
+        } => {
+            format!("llama3 x{factor} (original context {original_max_position_embeddings})")
+        }
+        RopeScaling::Factors(f) => format!("per-frequency factors ({} values, from GGUF)", f.len()),
+    };
+    let special = |name: &str, tok: &Option<String>| json!({"role": name, "token": tok, "id": tok.as_deref().and_then(|t| m.text.token_id(t))});
+    let sp = &m.text.special;
+    let info = json!({
+        "source": m.source.display().to_string(),
+        "format": format!("{:?}", m.kind),
+        "architecture": c.family.architecture(),
+        "parameters": c.num_parameters(),
+        "source_tensor_types": m.source_dtypes.iter().map(|(k, n)| json!({"type": k, "tensors": n})).collect::<Vec<_>>(),
+        "loaded_dtype": format!("{:?}", m.model.dtype()),
+        "vocab_size": c.vocab_size,
+        "tokenizer_vocab_size": m.text.tokenizer.get_vocab_size(true),
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "layers": c.num_hidden_layers,
+        "attention_heads": c.num_attention_heads,
+        "kv_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "rope_theta": c.rope.theta,
+        "rope_scaling": rope,
+        "rms_norm_eps": c.rms_norm_eps,
+        "max_position_embeddings": c.max_position_embeddings,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "attention_bias": c.attention_bias,
+        "special_tokens": [special("bos", &sp.bos), special("eos", &sp.eos), special("pad", &sp.pad), special("unk", &sp.unk)],
+        "generation_eos_token_ids": m.generation.eos_token_ids,
+        "chat_template": m.text.chat_template,
+    });
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&info)?);
+        return Ok(());
+    }
+    let o = info.as_object().expect("object");
+    for (k, v) in o {
+        match k.as_str() {
+            "chat_template" | "special_tokens" | "source_tensor_types" => continue,
+            _ => println!(
+                "{k:<26} {}",
+                v.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| v.to_string())
+            ),
+        }
+    }
+    let types: Vec<String> = m
+        .source_dtypes
+        .iter()
+        .map(|(k, n)| format!("{k} x{n}"))
+        .collect();
+    println!("{:<26} {}", "source_tensor_types", types.join(", "));
+    for s in info["special_tokens"].as_array().expect("array") {
+        println!(
+            "{:<26} {} (id {})",
+            format!("{}_token", s["role"].as_str().unwrap_or("")),
+            s["token"],
+            s["id"]
+        );
+    }
+    match &m.text.chat_template {
+        Some(t) => println!("chat_template:\n{t}"),
+        None => println!("chat_template              (none)"),
+    }
+    Ok(())
+}
+
+/// `rlft tokenize`.
+#[derive(Args, Debug)]
+pub struct TokenizeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Text to tokenize.
+    pub text: String,
+    /// Wrap the text as a user message in the chat template first.
+    #[arg(long)]
+    pub chat: bool,
+    /// Add the tokenizer's special tokens (e.g. BOS) as `encode(add_special_tokens=True)`.
+    #[arg(long)]
+    pub add_special_tokens: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn input_ids(
+    m: &rlft_model::LoadedModel,
+    text: &str,
+    chat: bool,
+    special: bool,
+) -> Result<Vec<u32>> {
+    if chat {
+        chat_prompt_ids(m, &[Message::user(text)])
+    } else {
+        Ok(m.text.encode(text, special)?)
+    }
+}
+
+fn piece(m: &rlft_model::LoadedModel, id: u32) -> String {
+    m.text.decode(&[id], false).unwrap_or_default()
+}
+
+/// Runs `rlft tokenize`.
+pub fn run_tokenize(a: TokenizeArgs) -> Result<()> {
+    let m = load(&a.model)?;
+    let ids = input_ids(&m, &a.text, a.chat, a.add_special_tokens)?;
+    if a.json {
+        let pieces: Vec<String> = ids.iter().map(|&i| piece(&m, i)).collect();
+        println!("{}", json!({"ids": ids, "pieces": pieces}));
+        return Ok(());
+    }
+    println!("{} tokens", ids.len());
+    for (i, &id) in ids.iter().enumerate() {
+        println!("{i:>5} {id:>7} {:?}", piece(&m, id));
+    }
+    Ok(())
+}
+
+/// `rlft logprobs`.
+#[derive(Args, Debug)]
+pub struct LogprobsArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Text to score (each token given the ones before it).
+    #[arg(long)]
+    pub text: String,
+    /// Wrap the text as a user message in the chat template first.
+    #[arg(long)]
+    pub chat: bool,
+    /// Also show the k most likely tokens at each position.
+    #[arg(long, default_value_t = 0)]
+    pub top: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `rlft logprobs`.
+pub fn run_logprobs(a: LogprobsArgs) -> Result<()> {
+    let m = load(&a.model)?;
+    let ids = input_ids(&m, &a.text, a.chat, false)?;
+    if ids.len() < 2 {
+        bail!(
+            "the text has {} token(s); log-probs need at least 2",
+            ids.len()
+        );
+    }
+    let model = &m.model;
+    let dev = model.device().clone();
+    let batch = Batch::left_padded(std::slice::from_ref(&ids), &[0], 0, 0, &dev)?;
+    let hidden = model.forward(&batch, None, false)?.squeeze(0)?;
+    let n = ids.len() - 1;
+    let rows = hidden.narrow(0, 0, n)?;
+    let lp: Vec<f32> = model
+        .target_logprobs(&rows, &Tensor::new(&ids[1..], &dev)?, 64)?
+        .to_vec1()?;
+    let top: Vec<Vec<(u32, f32)>> = if a.top > 0 {
+        let logits = model.logits(&rows)?;
+        let lsm = candle_nn_log_softmax(&logits)?;
+        lsm.to_vec2::<f32>()?
+            .into_iter()
+            .map(|row| {
+                let mut idx: Vec<usize> = (0..row.len()).collect();
+                idx.select_nth_unstable_by(a.top - 1, |&x, &y| row[y].total_cmp(&row[x]));
+                idx.truncate(a.top);
+                idx.sort_by(|&x, &y| row[y].total_cmp(&row[x]));
+                idx.into_iter().map(|i| (i as u32, row[i])).collect()
+            })
+            .collect()
+    } else {
+        vec![Vec::new(); n]
+    };
+    let total: f64 = lp.iter().map(|&x| x as f64).sum();
+    let mean = total / n as f64;
+    if a.json {
+        let tokens: Vec<_> = (0..ids.len())
+            .map(|i| {
+                let mut v = json!({"index": i, "id": ids[i], "piece": piece(&m, ids[i]),
+                    "logprob": if i == 0 { None } else { Some(lp[i - 1]) }});
+                if i > 0 && a.top > 0 {
+                    v["top"] = json!(top[i - 1]
+                        .iter()
+                        .map(|(id, l)| json!({"id": id, "piece": piece(&m, *id), "logprob": l}))
+                        .collect::<Vec<_>>());
+                }
+                v
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({"tokens": tokens, "sum_logprob": total, "mean_logprob": mean, "perplexity": (-mean).exp()})
+        );
+        return Ok(());
+    }
+    println!("{:>5} {:>7} {:>10}  piece", "index", "id", "logprob");
+    for i in 0..ids.len() {
+        let l = if i == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.4}", lp[i - 1])
+        };
+        let mut line = format!("{i:>5} {:>7} {l:>10}  {:?}", ids[i], piece(&m, ids[i]));
+        if i > 0 && a.top > 0 {
+            let alts: Vec<String> = top[i - 1]
+                .iter()
+                .map(|(id, l)| format!("{:?} {l:.2}", piece(&m, *id)))
+                .collect();
+            line.push_str(&format!("   top: {}", alts.join(", ")));
+        }
+        println!("{line}");
+    }
+    println!(
+        "sum {total:.4}  mean {mean:.4}  perplexity {:.3}",
+        (-mean).exp()
+    );
+    Ok(())
+}
+
+fn candle_nn_log_softmax(x: &Tensor) -> Result<Tensor> {
+    let lse = x.log_sum_exp(candle_core::D::Minus1)?.unsqueeze(1)?;
+    Ok(x.broadcast_sub(&lse)?)
+}
+
+/// `rlft convert`.
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Output HF directory.
+    #[arg(long, short = 'o')]
+    pub output: PathBuf,
+    /// Dtype of the written weights: f32, bf16 or f16.
+    #[arg(long = "save-dtype", default_value = "f32")]
+    pub save_dtype: String,
+    /// Shard size limit in MiB.
+    #[arg(long, default_value_t = 4096)]
+    pub shard_mib: usize,
+    /// Replace the output directory if it exists.
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+/// Runs `rlft convert`.
+pub fn run_convert(a: ConvertArgs) -> Result<()> {
+    let m = load(&a.model)?;
+    let opts = ExportOptions {
+        dtype: parse_dtype(&a.save_dtype)?,
+        shard_bytes: a.shard_mib << 20,
+        overwrite: a.overwrite,
+    };
+    save_hf_dir(&m.model, &m.text, &m.generation, &a.output, &opts)?;
+    eprintln!("wrote {}", a.output.display());
+    Ok(())
+}
