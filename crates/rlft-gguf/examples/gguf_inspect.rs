@@ -46,11 +46,14 @@ fn main() {
     for t in file.tensors().iter().take(12) {
         println!("  {} {} {:?}", t.name, t.ggml_type, t.shape());
     }
-    let t0 = Instant::now();
     let mut elements = 0usize;
     let mut sum = 0f64;
+    let mut dt = 0f64;
     for t in file.tensors() {
-        match file.read_f32(&t.name) {
+        let t0 = Instant::now();
+        let result = file.read_f32(&t.name);
+        dt += t0.elapsed().as_secs_f64();
+        match result {
             Ok((_, data)) => {
                 elements += data.len();
                 sum += data.iter().map(|&x| f64::from(x)).sum::<f64>();
@@ -58,7 +61,6 @@ fn main() {
             Err(e) => println!("  {e}"),
         }
     }
-    let dt = t0.elapsed().as_secs_f64();
     println!(
         "dequantised {elements} elements in {:.1} ms ({:.0} M elements/s); checksum {sum:.6e}",
         dt * 1e3,

@@ -337,6 +337,9 @@ impl CausalLm {
     /// Logits of chosen hidden rows: `hidden [n, hidden] -> [n, vocab]` in f32.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         let w = self.lm_head_weight();
+        if let Some(y) = ops::inference_small_matmul(hidden, w, None)? {
+            return Ok(y);
+        }
         Ok(hidden.matmul(&w.t()?)?.to_dtype(DType::F32)?)
     }
 

@@ -21,6 +21,7 @@ pub mod export;
 pub mod generate;
 pub mod generation_config;
 pub mod gguf_load;
+pub mod kernels;
 pub mod kv_cache;
 pub mod load;
 pub mod ops;

@@ -25,14 +25,33 @@ impl Linear {
         let in_dim = *dims.last().expect("rank >= 1");
         let rows: usize = dims[..dims.len() - 1].iter().product();
         let x2 = x.contiguous()?.reshape((rows, in_dim))?;
-        let mut y = x2.matmul(&self.weight.t()?)?;
-        if let Some(b) = &self.bias {
-            y = y.broadcast_add(b)?;
-        }
+        let y = match inference_small_matmul(&x2, &self.weight, self.bias.as_ref())? {
+            Some(y) => y,
+            None => {
+                let mut y = x2.matmul(&self.weight.t()?)?;
+                if let Some(b) = &self.bias {
+                    y = y.broadcast_add(b)?;
+                }
+                y
+            }
+        };
         let mut out_dims = dims;
         *out_dims.last_mut().expect("rank >= 1") = self.weight.dim(0)?;
         Ok(y.reshape(out_dims)?)
     }
+}
+
+/// `x [m, k] @ w^T` through the streaming kernel when nothing needs a gradient and `m` is small
+/// (decoding); `None` means use gemm.
+pub fn inference_small_matmul(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+) -> Result<Option<Tensor>> {
+    if x.track_op() || w.track_op() || bias.is_some_and(Tensor::track_op) {
+        return Ok(None);
+    }
+    crate::kernels::matmul_wt_small(x, w, bias)
 }
 
 /// RMSNorm over the last dim, statistics in f32 (as transformers):

@@ -21,9 +21,9 @@
 //! computed.
 
 use crate::error::{Result, TextError};
-use crate::pyfmt;
-use minijinja::value::{Kwargs, Value};
-use minijinja::{Environment, Error as JinjaError, ErrorKind};
+use crate::jinja::{describe, hf_environment, render_error, rewrite_generation_tags};
+use minijinja::value::Value;
+use minijinja::Environment;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
 
@@ -39,6 +39,18 @@ pub enum Content {
     Text(String),
     /// Multimodal-style parts, passed to the template as they are.
     Parts(Vec<Json>),
+    /// Any other JSON value (e.g. a tool result object), passed as it is.
+    Other(Json),
+}
+
+impl Content {
+    /// The text, when the content is plain text.
+    pub fn as_text(&self) -> Option<&str> {
+        match self {
+            Content::Text(s) => Some(s),
+            _ => None,
+        }
+    }
 }
 
 impl From<&str> for Content {
@@ -59,8 +71,9 @@ impl From<String> for Content {
 pub struct Message {
     /// `system`, `user`, `assistant`, `tool`...
     pub role: String,
-    /// The text or parts.
-    pub content: Content,
+    /// The text or parts; `None` leaves the key out (an assistant message that only calls tools).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Content>,
     /// Other fields, in order.
     #[serde(flatten)]
     pub extra: Map<String, Json>,
@@ -71,7 +84,7 @@ impl Message {
     pub fn new(role: impl Into<String>, content: impl Into<Content>) -> Self {
         Message {
             role: role.into(),
-            content: content.into(),
+            content: Some(content.into()),
             extra: Map::new(),
         }
     }
@@ -127,193 +140,6 @@ pub struct RenderOptions {
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
-}
-
-/// The error `raise_exception` returns, recognised when mapping errors.
-#[derive(Debug)]
-struct Raised(String);
-
-impl std::fmt::Display for Raised {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Raised {}
-
-fn raise_exception(message: Value) -> std::result::Result<Value, JinjaError> {
-    let message = message
-        .as_str()
-        .map_or_else(|| message.to_string(), str::to_string);
-    Err(JinjaError::new(ErrorKind::InvalidOperation, message.clone()).with_source(Raised(message)))
-}
-
-fn strftime_now(format: String) -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0);
-    pyfmt::strftime(&format, now)
-}
-
-/// HF's `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`.
-fn tojson(
-    value: &Value,
-    ensure_ascii: Option<Value>,
-    indent: Option<Value>,
-    kwargs: Kwargs,
-) -> std::result::Result<Value, JinjaError> {
-    let ensure_ascii = match kwargs.get::<Option<Value>>("ensure_ascii")? {
-        Some(v) => Some(v),
-        None => ensure_ascii,
-    }
-    .is_some_and(|v| v.is_true());
-    let indent = match kwargs.get::<Option<Value>>("indent")? {
-        Some(v) => Some(v),
-        None => indent,
-    };
-    let indent = match indent {
-        None => None,
-        Some(v) if v.is_none() => None,
-        Some(v) => match v.as_str() {
-            Some(s) => Some(s.to_string()),
-            None => {
-                let n = i64::try_from(v.clone()).map_err(|_| {
-                    JinjaError::new(
-                        ErrorKind::InvalidOperation,
-                        format!("tojson: indent must be an int or a string, not {v}"),
-                    )
-                })?;
-                Some(" ".repeat(n.max(0) as usize))
-            }
-        },
-    };
-    let mut opts = pyfmt::JsonOpts::new(indent);
-    opts.ensure_ascii = ensure_ascii;
-    if let Some(seps) = kwargs.get::<Option<Value>>("separators")? {
-        if !seps.is_none() {
-            let parts: Vec<Value> = seps.try_iter()?.collect();
-            match (
-                parts.first().and_then(|p| p.as_str()),
-                parts.get(1).and_then(|p| p.as_str()),
-            ) {
-                (Some(item), Some(key)) if parts.len() == 2 => {
-                    opts.item_sep = item.to_string();
-                    opts.key_sep = key.to_string();
-                }
-                _ => {
-                    return Err(JinjaError::new(
-                        ErrorKind::InvalidOperation,
-                        "tojson: separators must be a pair of strings",
-                    ))
-                }
-            }
-        }
-    }
-    opts.sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
-    kwargs.assert_all_used()?;
-    pyfmt::to_json(value, &opts).map(Value::from)
-}
-
-/// Rewrites `{% generation %}` / `{% endgeneration %}` (transformers' AssistantTracker tags) as
-/// `{% if true %}` / `{% endif %}`, keeping their whitespace-control markers, so trim_blocks and
-/// lstrip_blocks act on them exactly as on the original block tags.
-fn rewrite_generation_tags(source: &str) -> String {
-    fn keyword_at(s: &str, word: &str) -> bool {
-        s.starts_with(word)
-            && s[word.len()..]
-                .chars()
-                .next()
-                .is_some_and(|c| !(c.is_alphanumeric() || c == '_'))
-    }
-    let mut out = String::with_capacity(source.len());
-    let mut rest = source;
-    while let Some(pos) = rest.find("{%") {
-        out.push_str(&rest[..pos]);
-        let tag = &rest[pos..];
-        let mut start = 2;
-        if tag[start..].starts_with(['-', '+']) {
-            start += 1;
-        }
-        let ws = tag[start..].len() - tag[start..].trim_start().len();
-        let word_at = start + ws;
-        let after = &tag[word_at..];
-        let (word, replacement) = if keyword_at(after, "endgeneration") {
-            ("endgeneration", "endif")
-        } else if keyword_at(after, "generation") {
-            ("generation", "if true")
-        } else {
-            out.push_str("{%");
-            rest = &tag[2..];
-            continue;
-        };
-        out.push_str(&tag[..word_at]);
-        out.push_str(replacement);
-        rest = &tag[word_at + word.len()..];
-    }
-    out.push_str(rest);
-    out
-}
-
-/// Jinja2's `attr` filter reads an attribute, never an item: on a dict (a JSON object) it finds no
-/// attribute named like a key and gives undefined. Other values (namespace, loop) are read as
-/// usual. Simplified: `namespace()` objects are maps here too, so `ns | attr('x')` is undefined.
-fn attr(value: &Value, name: &str) -> std::result::Result<Value, JinjaError> {
-    if value.kind() == minijinja::value::ValueKind::Map {
-        return Ok(Value::UNDEFINED);
-    }
-    value.get_attr(name)
-}
-
-fn python_formatter(
-    out: &mut minijinja::Output,
-    state: &minijinja::State,
-    value: &Value,
-) -> std::result::Result<(), JinjaError> {
-    let mut text = String::new();
-    if pyfmt::write_py_str(value, &mut text) {
-        out.write_str(&text).map_err(JinjaError::from)
-    } else {
-        minijinja::escape_formatter(out, state, value)
-    }
-}
-
-/// The minijinja environment configured like transformers' `ImmutableSandboxedEnvironment`.
-fn hf_environment() -> Environment<'static> {
-    let mut env = Environment::new();
-    env.set_trim_blocks(true);
-    env.set_lstrip_blocks(true);
-    env.set_keep_trailing_newline(false);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.set_formatter(python_formatter);
-    env.add_filter("tojson", tojson);
-    env.add_filter("attr", attr);
-    env.add_function("raise_exception", raise_exception);
-    env.add_function("strftime_now", strftime_now);
-    env
-}
-
-fn describe(err: &JinjaError) -> String {
-    match err.detail() {
-        Some(detail) => format!("{}: {detail}", err.kind()),
-        None => err.kind().to_string(),
-    }
-}
-
-fn render_error(err: JinjaError) -> TextError {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&err);
-    while let Some(e) = source {
-        if let Some(raised) = e.downcast_ref::<Raised>() {
-            return TextError::TemplateRaised {
-                message: raised.0.clone(),
-            };
-        }
-        source = e.source();
-    }
-    TextError::TemplateRender {
-        message: describe(&err),
-        line: err.line(),
-    }
 }
 
 fn bad_arg(msg: impl Into<String>) -> TextError {
@@ -615,6 +441,37 @@ mod tests {
         assert_eq!(
             render(src, &msgs, &RenderOptions::default()).unwrap(),
             "{'thinking': 'r', 'role': 'assistant', 'content': 'x', 'reasoning': 'r', 'reasoning_content': 'r'}"
+        );
+    }
+
+    #[test]
+    fn shareable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<ChatTemplate>();
+        assert_send_sync::<crate::TextBundle>();
+    }
+
+    #[test]
+    fn messages_deserialize_from_openai_style_json() {
+        let msgs: Vec<Message> = serde_json::from_value(serde_json::json!([
+            {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+            {"role": "tool", "content": {"result": 1}},
+            {"role": "user", "content": "hi", "name": "bob"}
+        ]))
+        .unwrap();
+        assert_eq!(msgs[0].content, None);
+        assert!(matches!(msgs[1].content, Some(Content::Other(_))));
+        assert_eq!(
+            msgs[2].content.as_ref().and_then(Content::as_text),
+            Some("hi")
+        );
+        let src = "{% for m in messages %}{{ 'content' in m }}{{ m.name }};{% endfor %}";
+        assert_eq!(
+            ChatTemplate::new(src)
+                .unwrap()
+                .render(&msgs, &RenderOptions::default())
+                .unwrap(),
+            "False;True;Truebob;"
         );
     }
 

@@ -21,6 +21,7 @@ pub mod chat;
 pub mod decode;
 mod error;
 pub mod hfdir;
+mod jinja;
 mod pyfmt;
 
 pub use bpe::{build_bpe_tokenizer, token_type, BpeSpec, PreTokenizerKind};

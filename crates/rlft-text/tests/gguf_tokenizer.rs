@@ -7,7 +7,7 @@
 //! - `RLFT_HF_TOKENIZER_DIR`: the same model's Hugging Face tokenizer directory (tokenizer.json),
 //!   default `~/.cache/rlft-baseline/smollm2-135m-hf`;
 //! - `RLFT_TOKENIZE_GOLDEN`: a golden.json with `tokenize` cases made by transformers, default
-//!   `/work/shared/fixtures/smollm2/golden.json`;
+//!   shared/fixtures/smollm2/golden.json beside the repository;
 //! - `RLFT_GGUF_PRE`: overrides the dump's `tokenizer.ggml.pre` (to check the other
 //!   pre-tokenizers against a reference built for that name);
 //! - `RLFT_SAVE_TOKENIZER_TO`: when set, the GGUF-built bundle is also written there with
@@ -111,7 +111,10 @@ fn gguf_built_tokenizer_matches_transformers() {
 
     let golden_path = env_path(
         "RLFT_TOKENIZE_GOLDEN",
-        Some("/work/shared/fixtures/smollm2/golden.json".into()),
+        Some(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../../shared/fixtures/smollm2/golden.json"),
+        ),
     )
     .filter(|p| p.is_file());
     if let Some(path) = golden_path {

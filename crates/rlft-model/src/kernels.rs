@@ -1,0 +1,170 @@
+//! Fused CPU kernels for the inference path.
+//!
+//! `x @ W^T` for few rows (decoding: one row per sequence) is bound by reading `W` from memory.
+//! candle's gemm packs `W` into panels on every call, which triples that traffic; this kernel
+//! streams each weight row once, computing its dot products with all rows of `x` (kept in L1),
+//! split over threads by output column. AVX2+FMA when the CPU has it (runtime-detected), a
+//! portable loop otherwise. Inference only (no backward); training uses candle's matmul.
+
+use candle_core::{DType, Device, Tensor};
+use rayon::prelude::*;
+
+use crate::error::Result;
+
+/// Rows of `x` up to which [`matmul_wt_small`] is used instead of gemm.
+pub const SMALL_M: usize = 16;
+
+/// Output columns per parallel task.
+const COLS_PER_TASK: usize = 64;
+
+/// `x [m, k] @ w[n, k]^T (+ bias[n]) -> [m, n]` for small `m`, f32 on CPU.
+/// Returns `None` when the inputs are not CPU f32 contiguous (callers fall back to gemm).
+pub fn matmul_wt_small(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
+    if !matches!(x.device(), Device::Cpu)
+        || x.dtype() != DType::F32
+        || w.dtype() != DType::F32
+        || !x.is_contiguous()
+        || !w.is_contiguous()
+    {
+        return Ok(None);
+    }
+    let (m, k) = x.dims2()?;
+    let (n, k2) = w.dims2()?;
+    if k != k2 || m == 0 || m > SMALL_M {
+        return Ok(None);
+    }
+    let (xs, xl) = x.storage_and_layout();
+    let (ws, wl) = w.storage_and_layout();
+    let (candle_core::Storage::Cpu(xs), candle_core::Storage::Cpu(ws)) = (&*xs, &*ws) else {
+        return Ok(None);
+    };
+    let xv = &xs.as_slice::<f32>()?[xl.start_offset()..xl.start_offset() + m * k];
+    let wv = &ws.as_slice::<f32>()?[wl.start_offset()..wl.start_offset() + n * k];
+    let bias_v: Option<Vec<f32>> = match bias {
+        Some(b) => Some(b.to_vec1::<f32>()?),
+        None => None,
+    };
+    // Output is computed column-block by column-block, transposed ([n, m]) so tasks write
+    // disjoint contiguous slices; transposed back at the end (m * n is small).
+    let mut out_t = vec![0f32; n * m];
+    out_t
+        .par_chunks_mut(COLS_PER_TASK * m)
+        .enumerate()
+        .for_each(|(blk, chunk)| {
+            let j0 = blk * COLS_PER_TASK;
+            let cols = chunk.len() / m;
+            dot_block(xv, m, k, &wv[j0 * k..(j0 + cols) * k], chunk);
+        });
+    let mut out = vec![0f32; m * n];
+    for j in 0..n {
+        let b = bias_v.as_ref().map_or(0.0, |b| b[j]);
+        for i in 0..m {
+            out[i * n + j] = out_t[j * m + i] + b;
+        }
+    }
+    Ok(Some(Tensor::from_vec(out, (m, n), x.device())?))
+}
+
+/// For each weight row `j` in `w [cols, k]`: `out[j * m + i] = dot(x_i, w_j)`.
+fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU supports AVX2 and FMA (checked above).
+            unsafe { avx2::dot_block(x, m, k, w, out) };
+            return;
+        }
+    }
+    dot_block_portable(x, m, k, w, out);
+}
+
+fn dot_block_portable(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
+    for (j, wr) in w.chunks_exact(k).enumerate() {
+        for i in 0..m {
+            let xr = &x[i * k..(i + 1) * k];
+            out[j * m + i] = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        let hi = _mm256_extractf128_ps(v, 1);
+        let lo = _mm256_castps256_ps128(v);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+
+    /// Up to 8 rows of `x` against one weight row at a time; 8 accumulators stay in registers.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
+        let k8 = k / 8 * 8;
+        let cols = w.len() / k;
+        let xp = x.as_ptr();
+        for j in 0..cols {
+            let wp = w.as_ptr().add(j * k);
+            let mut i0 = 0;
+            while i0 < m {
+                let rows = (m - i0).min(8);
+                let mut acc = [_mm256_setzero_ps(); 8];
+                let mut kk = 0;
+                while kk < k8 {
+                    let wv = _mm256_loadu_ps(wp.add(kk));
+                    for (r, a) in acc.iter_mut().enumerate().take(rows) {
+                        let xv = _mm256_loadu_ps(xp.add((i0 + r) * k + kk));
+                        *a = _mm256_fmadd_ps(xv, wv, *a);
+                    }
+                    kk += 8;
+                }
+                for (r, a) in acc.iter().enumerate().take(rows) {
+                    let mut s = hsum(*a);
+                    for t in k8..k {
+                        s += *xp.add((i0 + r) * k + t) * *wp.add(t);
+                    }
+                    out[j * m + i0 + r] = s;
+                }
+                i0 += rows;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_matmul_matches_gemm() {
+        for (m, k, n) in [(1, 576, 100), (8, 64, 130), (5, 67, 3), (16, 128, 257)] {
+            let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu).unwrap();
+            let w = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu).unwrap();
+            let b = Tensor::randn(0f32, 1.0, n, &Device::Cpu).unwrap();
+            let got = matmul_wt_small(&x, &w, Some(&b)).unwrap().unwrap();
+            let want = x
+                .matmul(&w.t().unwrap())
+                .unwrap()
+                .broadcast_add(&b)
+                .unwrap();
+            let d: f32 = (got - want)
+                .unwrap()
+                .abs()
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .max(0)
+                .unwrap()
+                .to_scalar()
+                .unwrap();
+            assert!(d < 1e-3, "{m}x{k}x{n}: {d}");
+        }
+        let big = Tensor::zeros((SMALL_M + 1, 8), DType::F32, &Device::Cpu).unwrap();
+        let w = Tensor::zeros((4, 8), DType::F32, &Device::Cpu).unwrap();
+        assert!(matmul_wt_small(&big, &w, None).unwrap().is_none());
+    }
+}
