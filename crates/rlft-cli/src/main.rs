@@ -40,8 +40,14 @@ enum Command {
     Bench(bench::BenchArgs),
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+fn main() {
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Generate(a) => generate_cmd::run_generate(a),
         Command::Chat(a) => generate_cmd::run_chat(a),

@@ -5,8 +5,9 @@ use std::ops::Range;
 use std::path::Path;
 
 use crate::error::{GgufError, Result};
+use crate::metadata::Metadata;
 use crate::reader::parse_header;
-use crate::value::{Metadata, Value};
+use crate::value::Value;
 use crate::GgmlType;
 
 /// One entry of the tensor-info table.

@@ -37,7 +37,8 @@
 //! # Modules
 //!
 //! - `reader`: the bounds-checked cursor and the header parser.
-//! - [`value`]: metadata values and the ordered [`Metadata`] table with typed getters.
+//! - `value` and `metadata`: [`Value`], [`Array`] and the ordered [`Metadata`] table with
+//!   typed getters.
 //! - `file`: [`GgufFile`] and [`TensorInfo`].
 //! - `types`: [`GgmlType`] (ids, block sizes, byte sizes).
 //! - `dequant` and `kquants`: bit-exact ports of ggml's `dequantize_row_*`, run in
@@ -49,16 +50,18 @@ mod dequant;
 mod error;
 mod file;
 mod kquants;
+mod metadata;
 mod reader;
 mod types;
-pub mod value;
+mod value;
 
 pub use dequant::dequantize;
 pub use error::{GgufError, Result};
 pub use file::{GgufFile, TensorInfo};
+pub use metadata::Metadata;
 pub use reader::{DEFAULT_ALIGNMENT, MAX_ARRAY_DEPTH, MAX_DIMS};
 pub use types::GgmlType;
-pub use value::{Array, Metadata, Value, ValueType};
+pub use value::{Array, Value, ValueType};
 
 #[cfg(test)]
 mod tests;

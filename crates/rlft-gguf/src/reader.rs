@@ -8,7 +8,8 @@ use std::collections::HashMap;
 
 use crate::error::{GgufError, Result};
 use crate::file::TensorInfo;
-use crate::value::{Array, Metadata, Value, ValueType};
+use crate::metadata::Metadata;
+use crate::value::{Array, Value, ValueType};
 use crate::GgmlType;
 
 /// Arrays nested deeper than this are rejected (bounds the parser's recursion).

@@ -166,6 +166,12 @@ pub fn save_tensors(
                 format!("cannot write safetensors ({e}); check disk space"),
             )
         })?;
+        // The writer creates its file private (0600); a model file is meant to be shared.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644));
+        }
         std::fs::rename(&tmp, &path).map_err(|e| ModelError::io(&path, e))?;
         written.push(path);
     }

@@ -49,7 +49,9 @@ pub enum PreTokenizerKind {
     /// Every digit its own chunk, then GPT-2's regex: `"smollm"` and the other StarCoder-style
     /// vocabularies (`"starcoder"`, `"refact"`, `"codeshell"`, `"exaone"`, `"minerva-7b"`).
     /// This is SmolLM2's own tokenizer.json: `Sequence[Digits(individual_digits=true),
-    /// ByteLevel(add_prefix_space=false, use_regex=true)]`.
+    /// ByteLevel(add_prefix_space=false, use_regex=true)]`, and llama.cpp's split. (transformers
+    /// 5.x's GGUF loader leaves the digit split out, so a tokenizer.json it converts from the
+    /// GGUF gives other ids where a whitespace run precedes a digit, e.g. `"a  2"`, `"\n\n3"`.)
     DigitsGpt2,
     /// Qwen2's split regex, NFC normalization, then `ByteLevel(use_regex=false)`: `"qwen2"`,
     /// `"deepseek-r1-qwen"`. NFC is what Qwen's own tokenizer.json does (llama.cpp skips it,
