@@ -8,7 +8,7 @@ use crate::error::{ModelError, Result};
 use crate::sampling::SamplingParams;
 
 /// Generation defaults of a model (HF `generation_config.json`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct GenerationConfig {
     /// Generation stops on any of these ids.
     pub eos_token_ids: Vec<u32>,
@@ -22,19 +22,6 @@ pub struct GenerationConfig {
     pub sampling: SamplingParams,
     /// Default `max_new_tokens`, when the model sets one.
     pub max_new_tokens: Option<usize>,
-}
-
-impl Default for GenerationConfig {
-    fn default() -> Self {
-        GenerationConfig {
-            eos_token_ids: Vec::new(),
-            bos_token_id: None,
-            pad_token_id: None,
-            do_sample: false,
-            sampling: SamplingParams::default(),
-            max_new_tokens: None,
-        }
-    }
 }
 
 fn ids(v: Option<&Value>) -> Vec<u32> {

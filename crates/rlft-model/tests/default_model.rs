@@ -98,7 +98,8 @@ fn check_all(m: &LoadedModel, label: &str) {
             want_ids
         );
         let t = want_ids.len();
-        let batch = Batch::left_padded(&[want_ids.clone()], &[0], 0, 0, &Device::Cpu).unwrap();
+        let batch =
+            Batch::left_padded(std::slice::from_ref(&want_ids), &[0], 0, 0, &Device::Cpu).unwrap();
         let hidden = model.forward(&batch, None, false).unwrap();
         let rows = hidden.squeeze(0).unwrap().narrow(0, 0, t - 1).unwrap();
         let targets = Tensor::new(&want_ids[1..], &Device::Cpu).unwrap();

@@ -60,7 +60,8 @@ fn check_golden(name: &str, model: &CausalLm) {
             }
         }
         // Top-5 at the last position.
-        let batch = Batch::left_padded(&[ids.clone()], &[0], 0, 0, &Device::Cpu).unwrap();
+        let batch =
+            Batch::left_padded(std::slice::from_ref(&ids), &[0], 0, 0, &Device::Cpu).unwrap();
         let hidden = model.forward(&batch, None, false).unwrap();
         let logits: Vec<f32> = model
             .logits_at(&hidden, &[ids.len() - 1])
@@ -152,7 +153,8 @@ fn kv_cache_decoding_equals_full_recompute() {
     for model in all_families() {
         let fam = model.config.family;
         // Full recompute: logits at every position.
-        let batch = Batch::left_padded(&[ids.clone()], &[0], 0, 0, &Device::Cpu).unwrap();
+        let batch =
+            Batch::left_padded(std::slice::from_ref(&ids), &[0], 0, 0, &Device::Cpu).unwrap();
         let hidden = model.forward(&batch, None, false).unwrap();
         let full: Vec<Vec<f32>> = (0..ids.len())
             .map(|p| {
