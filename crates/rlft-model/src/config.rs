@@ -436,13 +436,39 @@ impl ModelConfig {
     }
 }
 
-/// Finds the `llama3` rope parameters that reproduce llama.cpp's per-frequency divisors.
+/// Finds the `llama3` rope parameters that reproduce llama.cpp's per-frequency divisors
+/// (`rope_freqs.weight`, by which the plain frequencies are divided): first among the values
+/// Llama 3.x models use, else solved from the divisors themselves.
 fn fit_llama3(divisors: &[f32], rope: &RopeConfig, head_dim: usize) -> Result<RopeScaling> {
     let base = RopeConfig {
         theta: rope.theta,
         scaling: RopeScaling::Default,
     };
     let plain = crate::ops::inv_freq(&base, head_dim);
+    if divisors.len() != plain.len() {
+        return Err(ModelError::config(format!(
+            "the GGUF's rope_freqs has {} factors; head_dim {head_dim} needs {}",
+            divisors.len(),
+            plain.len()
+        )));
+    }
+    if divisors.iter().all(|&d| d == 1.0) {
+        return Ok(RopeScaling::Default);
+    }
+    let fits = |cand: &RopeScaling| {
+        let scaled = crate::ops::inv_freq(
+            &RopeConfig {
+                theta: rope.theta,
+                scaling: cand.clone(),
+            },
+            head_dim,
+        );
+        plain
+            .iter()
+            .zip(&scaled)
+            .zip(divisors)
+            .all(|((p, s), d)| ((p / s) - d).abs() <= 1e-3 * d.abs().max(1.0))
+    };
     for factor in [8.0, 32.0, 16.0, 4.0, 2.0] {
         for orig in [8192usize, 4096, 2048, 16384, 32768] {
             for (low, high) in [(1.0, 4.0), (1.0, 2.0), (2.0, 4.0)] {
@@ -452,28 +478,90 @@ fn fit_llama3(divisors: &[f32], rope: &RopeConfig, head_dim: usize) -> Result<Ro
                     high_freq_factor: high,
                     original_max_position_embeddings: orig,
                 };
-                let scaled = crate::ops::inv_freq(
-                    &RopeConfig {
-                        theta: rope.theta,
-                        scaling: cand.clone(),
-                    },
-                    head_dim,
-                );
-                let fits = plain
-                    .iter()
-                    .zip(&scaled)
-                    .zip(divisors)
-                    .all(|((p, s), d)| ((p / s) - d).abs() <= 1e-3 * d.abs().max(1.0));
-                if fits {
+                if fits(&cand) {
                     return Ok(cand);
                 }
             }
         }
     }
-    Err(ModelError::config(
-        "the GGUF's rope_freqs factors match no llama3 rope scaling; this model cannot be \
-         exported as an HF config.json",
-    ))
+    match solve_llama3(divisors, &plain) {
+        Some(cand) if fits(&cand) => Ok(cand),
+        _ => Err(ModelError::config(
+            "the GGUF's rope_freqs factors match no llama3 rope scaling; this model cannot be \
+             exported as an HF config.json",
+        )),
+    }
+}
+
+/// Solves for `llama3` parameters giving `plain[i] / divisors[i]`. With `x = 1 / wavelength`,
+/// llama3 scaling is `f / d` where `1 / d = (1 - s) / factor + s` and
+/// `s = clamp((old * x - low) / (high - low), 0, 1)`: the factor is the largest divisor, and
+/// only the slope `a = old / (high - low)` and offset `b = low / (high - low)` of `s` matter,
+/// so `old` is rounded to an integer and `low`, `high` follow from `a` and `b`.
+fn solve_llama3(divisors: &[f32], plain: &[f32]) -> Option<RopeScaling> {
+    const EPS: f64 = 1e-4;
+    let factor = divisors.iter().fold(1f64, |m, &d| m.max(d as f64));
+    if factor <= 1.0 {
+        return None;
+    }
+    let points: Vec<(f64, f64)> = plain
+        .iter()
+        .zip(divisors)
+        .map(|(&f, &d)| {
+            let x = f as f64 / (2.0 * std::f64::consts::PI);
+            let s = (1.0 / d as f64 - 1.0 / factor) / (1.0 - 1.0 / factor);
+            (x, s)
+        })
+        .collect();
+    // Largest x still fully scaled (s = 0), smallest x left alone (s = 1).
+    let x_low = points
+        .iter()
+        .filter(|p| p.1 <= EPS)
+        .map(|p| p.0)
+        .reduce(f64::max)?;
+    let x_high = points
+        .iter()
+        .filter(|p| p.1 >= 1.0 - EPS)
+        .map(|p| p.0)
+        .reduce(f64::min);
+    let mut medium: Vec<(f64, f64)> = points
+        .iter()
+        .copied()
+        .filter(|p| p.1 > EPS && p.1 < 1.0 - EPS)
+        .collect();
+    medium.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (a, b) = match medium.as_slice() {
+        [] => {
+            // Any ramp between the two bands: put it in their middle third.
+            let hi = x_high.unwrap_or(2.0 * x_low);
+            let a = 3.0 / (hi - x_low);
+            (a, a * (x_low + (hi - x_low) / 3.0))
+        }
+        [(xm, sm)] => {
+            // The steeper of the lines through the point and each band's edge.
+            let mut a = sm / (xm - x_low);
+            if let Some(hi) = x_high {
+                a = a.max((1.0 - sm) / (hi - xm));
+            }
+            (a, a * xm - sm)
+        }
+        [(x1, s1), .., (x2, s2)] => {
+            let a = (s2 - s1) / (x2 - x1);
+            (a, a * x1 - s1)
+        }
+    };
+    if !(a.is_finite() && b.is_finite() && a > 0.0 && b > 0.0) {
+        return None;
+    }
+    let old = (a / b).round().max(1.0);
+    let span = old / a;
+    let low = b * span;
+    Some(RopeScaling::Llama3 {
+        factor,
+        low_freq_factor: low,
+        high_freq_factor: low + span,
+        original_max_position_embeddings: old as usize,
+    })
 }
 
 #[cfg(test)]
@@ -530,6 +618,66 @@ mod tests {
         v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
         let e = ModelConfig::from_hf_json(&v).unwrap_err().to_string();
         assert!(e.contains("yarn"), "{e}");
+    }
+
+    #[test]
+    fn llama3_fit_reproduces_any_divisors() {
+        // llama.cpp's rope_freqs for many llama3 settings (including contexts off the grid of
+        // common values, and ramps covering 0, 1 or several frequencies) fit back exactly.
+        for theta in [10_000.0, 500_000.0] {
+            for head_dim in [16usize, 64, 128] {
+                for factor in [8.0, 4.0, 32.0] {
+                    for orig in [64usize, 100, 1000, 8192] {
+                        for (low, high) in [(1.0, 4.0), (1.0, 2.0), (2.0, 4.0), (1.0, 1.5)] {
+                            let want = RopeConfig {
+                                theta,
+                                scaling: RopeScaling::Llama3 {
+                                    factor,
+                                    low_freq_factor: low,
+                                    high_freq_factor: high,
+                                    original_max_position_embeddings: orig,
+                                },
+                            };
+                            let plain = crate::ops::inv_freq(
+                                &RopeConfig {
+                                    theta,
+                                    scaling: RopeScaling::Default,
+                                },
+                                head_dim,
+                            );
+                            let scaled = crate::ops::inv_freq(&want, head_dim);
+                            let div: Vec<f32> =
+                                plain.iter().zip(&scaled).map(|(p, s)| p / s).collect();
+                            let got = fit_llama3(&div, &want, head_dim).unwrap_or_else(|e| {
+                                panic!("{theta} {head_dim} {factor} {orig} {low} {high}: {e}")
+                            });
+                            let back = crate::ops::inv_freq(
+                                &RopeConfig {
+                                    theta,
+                                    scaling: got.clone(),
+                                },
+                                head_dim,
+                            );
+                            for (a, b) in back.iter().zip(&scaled) {
+                                assert!((a - b).abs() <= 1e-3 * b.abs(), "{got:?}: {a} vs {b}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let rope = RopeConfig {
+            theta: 10_000.0,
+            scaling: RopeScaling::Default,
+        };
+        assert_eq!(
+            fit_llama3(&[1.0; 8], &rope, 16).unwrap(),
+            RopeScaling::Default
+        );
+        assert!(fit_llama3(&[1.0; 4], &rope, 16).is_err());
+        // Divisors shrinking with wavelength are no llama3 ramp.
+        let odd = [8.0, 8.0, 8.0, 8.0, 1.0, 1.0, 1.0, 1.0];
+        assert!(fit_llama3(&odd, &rope, 16).is_err());
     }
 
     #[test]

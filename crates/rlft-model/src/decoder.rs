@@ -276,6 +276,52 @@ impl CausalLm {
         out
     }
 
+    /// Mutable access to every weight by HF name, in the order of [`Self::named_weights`]
+    /// (tied `lm_head` omitted). Used to swap weights for trainable `Var`s
+    /// ([`crate::trainable::make_trainable`]) or updated values.
+    pub fn weights_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        fn lin<'a>(out: &mut Vec<(String, &'a mut Tensor)>, n: String, l: &'a mut Linear) {
+            out.push((format!("{n}.weight"), &mut l.weight));
+            if let Some(b) = &mut l.bias {
+                out.push((format!("{n}.bias"), b));
+            }
+        }
+        let mut out = vec![(
+            "model.embed_tokens.weight".to_string(),
+            &mut self.embed_tokens,
+        )];
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let p = format!("model.layers.{i}");
+            out.push((
+                format!("{p}.input_layernorm.weight"),
+                &mut l.input_layernorm,
+            ));
+            let a = &mut l.self_attn;
+            lin(&mut out, format!("{p}.self_attn.q_proj"), &mut a.q_proj);
+            lin(&mut out, format!("{p}.self_attn.k_proj"), &mut a.k_proj);
+            lin(&mut out, format!("{p}.self_attn.v_proj"), &mut a.v_proj);
+            lin(&mut out, format!("{p}.self_attn.o_proj"), &mut a.o_proj);
+            if let Some(n) = &mut a.q_norm {
+                out.push((format!("{p}.self_attn.q_norm.weight"), n));
+            }
+            if let Some(n) = &mut a.k_norm {
+                out.push((format!("{p}.self_attn.k_norm.weight"), n));
+            }
+            out.push((
+                format!("{p}.post_attention_layernorm.weight"),
+                &mut l.post_attention_layernorm,
+            ));
+            lin(&mut out, format!("{p}.mlp.gate_proj"), &mut l.mlp.gate_proj);
+            lin(&mut out, format!("{p}.mlp.up_proj"), &mut l.mlp.up_proj);
+            lin(&mut out, format!("{p}.mlp.down_proj"), &mut l.mlp.down_proj);
+        }
+        out.push(("model.norm.weight".to_string(), &mut self.norm));
+        if let Some(h) = &mut self.lm_head {
+            out.push(("lm_head.weight".to_string(), h));
+        }
+        out
+    }
+
     /// Runs the decoder: `batch.ids [b, t]` -> final-normed hidden states `[b, t, hidden]`.
     ///
     /// With a cache, keys/values of this call are appended and attention covers the cached
@@ -334,13 +380,15 @@ impl CausalLm {
         ops::rms_norm(&x, &self.norm, c.rms_norm_eps, grad)
     }
 
-    /// Logits of chosen hidden rows: `hidden [n, hidden] -> [n, vocab]` in f32.
+    /// Logits of chosen hidden rows: `hidden [n, hidden] -> [n, vocab]` in f32 (f64 for f64
+    /// models, see [`ops::compute_dtype`]).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         let w = self.lm_head_weight();
         if let Some(y) = ops::inference_small_matmul(hidden, w, None)? {
             return Ok(y);
         }
-        Ok(hidden.matmul(&w.t()?)?.to_dtype(DType::F32)?)
+        let y = hidden.matmul(&w.t()?)?;
+        Ok(y.to_dtype(ops::compute_dtype(y.dtype()))?)
     }
 
     /// Logits at one position per row: `hidden [b, t, h]`, `pos[r]` -> `[b, vocab]` f32.
@@ -357,8 +405,8 @@ impl CausalLm {
     }
 
     /// Log-probabilities of `targets` under the model: `hidden [n, h]`, `targets [n]` (u32)
-    /// -> `[n]` f32, computed `chunk` rows at a time so `[n, vocab]` is never whole in memory.
-    /// Differentiable when `hidden` is.
+    /// -> `[n]` f32 (f64 for f64 models), computed `chunk` rows at a time so `[n, vocab]` is
+    /// never whole in memory. Differentiable when `hidden` is.
     pub fn target_logprobs(
         &self,
         hidden: &Tensor,

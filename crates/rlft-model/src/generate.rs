@@ -8,6 +8,7 @@
 use candle_core::Tensor;
 use rayon::prelude::*;
 
+use crate::decode_fast;
 use crate::decoder::{Batch, CausalLm};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
@@ -86,11 +87,28 @@ struct Row {
 }
 
 /// Generates `n` samples for every prompt. Output order: prompt-major, then sample index.
+/// f32 models on the CPU decode with the fused path ([`decode_fast`]).
 pub fn generate(
     model: &CausalLm,
     req: &GenerateRequest,
     detok: &dyn Detokenize,
 ) -> Result<Vec<Completion>> {
+    generate_with(model, req, detok, decode_fast::supported(model))
+}
+
+/// [`generate`] choosing the decode path: `fused = false` forces the tensor path (any device
+/// and dtype), which tests use to check the two agree.
+pub fn generate_with(
+    model: &CausalLm,
+    req: &GenerateRequest,
+    detok: &dyn Detokenize,
+    fused: bool,
+) -> Result<Vec<Completion>> {
+    if fused && !decode_fast::supported(model) {
+        return Err(ModelError::Invalid(
+            "the fused decode path needs an f32 model on the CPU".into(),
+        ));
+    }
     req.sampling.validate().map_err(ModelError::Invalid)?;
     if req.prompts.iter().any(Vec::is_empty) {
         return Err(ModelError::Invalid(
@@ -121,10 +139,22 @@ pub fn generate(
     let expand: Vec<u32> = (0..req.prompts.len())
         .flat_map(|p| std::iter::repeat_n(p as u32, req.n))
         .collect();
-    cache.select_rows(&expand)?;
     let mut logits: Vec<Vec<f32>> = logits
         .index_select(&Tensor::new(expand.as_slice(), device)?, 0)?
         .to_vec2()?;
+    let mut decoder = if fused {
+        let per_prompt = decode_fast::rows_from_cache(&cache, &pads)?;
+        drop(cache);
+        Decoder::Fast(
+            expand
+                .iter()
+                .map(|&p| per_prompt[p as usize].clone())
+                .collect(),
+        )
+    } else {
+        cache.select_rows(&expand)?;
+        Decoder::Tensor(cache)
+    };
     let mut rows: Vec<Row> = expand
         .iter()
         .enumerate()
@@ -162,24 +192,7 @@ pub fn generate(
         act_rows
             .par_iter_mut()
             .zip(logits.par_iter())
-            .for_each(|(row, lg)| {
-                let s = sample(lg, &row.seen, &req.sampling, &mut row.rng);
-                row.out.push(s.token);
-                row.seen.push(s.token);
-                row.logprobs.push(s.logprob);
-                if req.eos_token_ids.contains(&s.token) {
-                    row.done = Some(FinishReason::Stop);
-                } else if !req.stop_strings.is_empty() {
-                    let text = detok.detokenize(&row.out);
-                    if let Some(cut) = first_stop(&text, &req.stop_strings) {
-                        row.text = text[..cut].to_string();
-                        row.done = Some(FinishReason::Stop);
-                    }
-                }
-                if row.done.is_none() && row.out.len() >= req.max_new_tokens {
-                    row.done = Some(FinishReason::Length);
-                }
-            });
+            .for_each(|(row, lg)| sample_step(row, lg, req, detok));
         drop(act_rows);
         // Drop finished rows from the batch and the cache.
         let keep: Vec<usize> = (0..active.len())
@@ -189,21 +202,26 @@ pub fn generate(
             break;
         }
         if keep.len() != active.len() {
-            let idx: Vec<u32> = keep.iter().map(|&j| j as u32).collect();
-            cache.select_rows(&idx)?;
+            decoder.keep_rows(&keep)?;
             active = keep.iter().map(|&j| active[j]).collect();
         }
-        let past = cache.len();
-        let ids: Vec<Vec<u32>> = active
+        let tokens: Vec<u32> = active
             .iter()
-            .map(|&i| vec![*rows[i].out.last().expect("sampled")])
+            .map(|&i| *rows[i].out.last().expect("sampled"))
             .collect();
-        let pad: Vec<usize> = active.iter().map(|&i| rows[i].pad).collect();
-        let batch = Batch::left_padded(&ids, &pad, past, req.pad_token_id, device)?;
-        let hidden = model.forward(&batch, Some(&mut cache), false)?;
-        logits = model
-            .logits_at(&hidden, &vec![0; active.len()])?
-            .to_vec2()?;
+        logits = match &mut decoder {
+            Decoder::Fast(caches) => decode_fast::step(model, caches, &tokens)?,
+            Decoder::Tensor(cache) => {
+                let past = cache.len();
+                let ids: Vec<Vec<u32>> = tokens.iter().map(|&t| vec![t]).collect();
+                let pad: Vec<usize> = active.iter().map(|&i| rows[i].pad).collect();
+                let batch = Batch::left_padded(&ids, &pad, past, req.pad_token_id, device)?;
+                let hidden = model.forward(&batch, Some(cache), false)?;
+                model
+                    .logits_at(&hidden, &vec![0; active.len()])?
+                    .to_vec2()?
+            }
+        };
     }
     let out = rows
         .into_par_iter()
@@ -228,6 +246,57 @@ pub fn generate(
         })
         .collect();
     Ok(out)
+}
+
+/// The decode-time state: per-row caches for the fused CPU path, or a batched tensor cache.
+enum Decoder {
+    Fast(Vec<decode_fast::RowCache>),
+    Tensor(KvCache),
+}
+
+impl Decoder {
+    /// Keeps the rows at positions `keep` (ascending) of the current batch.
+    fn keep_rows(&mut self, keep: &[usize]) -> Result<()> {
+        match self {
+            Decoder::Fast(caches) => {
+                let mut it = keep.iter().peekable();
+                let mut idx = 0;
+                caches.retain(|_| {
+                    let k = it.peek() == Some(&&idx);
+                    if k {
+                        it.next();
+                    }
+                    idx += 1;
+                    k
+                });
+                Ok(())
+            }
+            Decoder::Tensor(cache) => {
+                let idx: Vec<u32> = keep.iter().map(|&j| j as u32).collect();
+                cache.select_rows(&idx)
+            }
+        }
+    }
+}
+
+/// Samples the next token of one row and records why it ends, if it does.
+fn sample_step(row: &mut Row, logits: &[f32], req: &GenerateRequest, detok: &dyn Detokenize) {
+    let s = sample(logits, &row.seen, &req.sampling, &mut row.rng);
+    row.out.push(s.token);
+    row.seen.push(s.token);
+    row.logprobs.push(s.logprob);
+    if req.eos_token_ids.contains(&s.token) {
+        row.done = Some(FinishReason::Stop);
+    } else if !req.stop_strings.is_empty() {
+        let text = detok.detokenize(&row.out);
+        if let Some(cut) = first_stop(&text, &req.stop_strings) {
+            row.text = text[..cut].to_string();
+            row.done = Some(FinishReason::Stop);
+        }
+    }
+    if row.done.is_none() && row.out.len() >= req.max_new_tokens {
+        row.done = Some(FinishReason::Length);
+    }
 }
 
 /// Byte offset of the earliest stop string in `text`.

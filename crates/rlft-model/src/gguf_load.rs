@@ -68,8 +68,13 @@ fn meta_usize(g: &GgufFile, arch: &str, key: &str) -> Option<usize> {
     meta(g, &format!("{arch}.{key}")).and_then(Value::as_usize)
 }
 
+/// A float value; an `f32` (how llama.cpp stores epsilons and rope bases) becomes the `f64` of
+/// its shortest decimal form, so `1e-6` reads back as `1e-6`, not `9.99999997e-7`.
 fn meta_f64(g: &GgufFile, arch: &str, key: &str) -> Option<f64> {
-    meta(g, &format!("{arch}.{key}")).and_then(Value::as_f64)
+    match meta(g, &format!("{arch}.{key}"))? {
+        Value::F32(v) => v.to_string().parse().ok(),
+        other => other.as_f64(),
+    }
 }
 
 /// Reads the model config from GGUF metadata.
@@ -108,7 +113,18 @@ pub fn config_from_gguf(g: &GgufFile, path: &Path) -> Result<ModelConfig> {
         _ => 1_000_000.0,
     });
     let scaling = if tensor_names.contains(&"rope_freqs.weight") {
+        // Per-frequency divisors (llama.cpp's `generate_extra_tensors` for rope_type llama3).
         let (_, f) = g.read_f32("rope_freqs.weight")?;
+        if f.len() != head_dim / 2 {
+            return Err(ModelError::bad_file(
+                path,
+                format!(
+                    "rope_freqs.weight has {} values; head_dim {head_dim} needs {}",
+                    f.len(),
+                    head_dim / 2
+                ),
+            ));
+        }
         RopeScaling::Factors(f)
     } else {
         match meta(g, &format!("{arch}.rope.scaling.type")).and_then(Value::as_str) {

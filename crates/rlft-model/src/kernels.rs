@@ -44,8 +44,25 @@ pub fn matmul_wt_small(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<
         Some(b) => Some(b.to_vec1::<f32>()?),
         None => None,
     };
-    // Output is computed column-block by column-block, transposed ([n, m]) so tasks write
-    // disjoint contiguous slices; transposed back at the end (m * n is small).
+    let mut out = vec![0f32; m * n];
+    matmul_wt(xv, m, k, wv, n, bias_v.as_deref(), &mut out);
+    Ok(Some(Tensor::from_vec(out, (m, n), x.device())?))
+}
+
+/// Slice version of [`matmul_wt_small`]: `out [m, n] = x [m, k] @ w [n, k]^T (+ bias [n])`,
+/// any `m` (rows are processed 8 at a time), parallel over output columns.
+pub fn matmul_wt(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    n: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    debug_assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
+    // Computed column block by column block, transposed ([n, m]) so tasks write disjoint
+    // contiguous slices; transposed back at the end (m * n is small).
     let mut out_t = vec![0f32; n * m];
     out_t
         .par_chunks_mut(COLS_PER_TASK * m)
@@ -53,16 +70,14 @@ pub fn matmul_wt_small(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<
         .for_each(|(blk, chunk)| {
             let j0 = blk * COLS_PER_TASK;
             let cols = chunk.len() / m;
-            dot_block(xv, m, k, &wv[j0 * k..(j0 + cols) * k], chunk);
+            dot_block(x, m, k, &w[j0 * k..(j0 + cols) * k], chunk);
         });
-    let mut out = vec![0f32; m * n];
     for j in 0..n {
-        let b = bias_v.as_ref().map_or(0.0, |b| b[j]);
+        let b = bias.map_or(0.0, |b| b[j]);
         for i in 0..m {
             out[i * n + j] = out_t[j * m + i] + b;
         }
     }
-    Ok(Some(Tensor::from_vec(out, (m, n), x.device())?))
 }
 
 /// For each weight row `j` in `w [cols, k]`: `out[j * m + i] = dot(x_i, w_j)`.

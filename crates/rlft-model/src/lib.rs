@@ -12,9 +12,12 @@
 //! - [`sampling`], [`generate`]: batched, seeded generation sharing each prompt's prefill.
 //! - [`load`]: one entry point, [`load::load_model`], for directories and GGUF files;
 //!   [`export`] writes any loaded model back as an HF directory.
+//! - [`trainable`]: trainable weights (`Var`s inside the model), per-token log-probs with a
+//!   graph, the masked NLL loss.
 //! - [`tiny`]: deterministic tiny random models for tests.
 
 pub mod config;
+pub mod decode_fast;
 pub mod decoder;
 pub mod error;
 pub mod export;
@@ -29,6 +32,7 @@ pub mod safetensors_io;
 pub mod sampling;
 pub mod testing;
 pub mod tiny;
+pub mod trainable;
 pub mod util;
 
 pub use config::{Family, ModelConfig};

@@ -54,7 +54,17 @@ pub fn inference_small_matmul(
     crate::kernels::matmul_wt_small(x, w, bias)
 }
 
-/// RMSNorm over the last dim, statistics in f32 (as transformers):
+/// The dtype norms, softmax and logits are computed in: f32 as transformers does, except that f64
+/// models stay in f64 (so finite-difference gradient checks are exact to ~1e-10).
+pub fn compute_dtype(dtype: DType) -> DType {
+    if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// RMSNorm over the last dim, statistics in f32 (as transformers; f64 for f64 models):
 /// `x [.., h] -> weight * (x / sqrt(mean(x^2) + eps))`.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, grad: bool) -> Result<Tensor> {
     let dtype = x.dtype();
@@ -65,7 +75,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, grad: bool) -> Result<Ten
             eps as f32,
         )?);
     }
-    let xf = x.to_dtype(DType::F32)?;
+    let xf = x.to_dtype(compute_dtype(dtype))?;
     let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
     let normed = xf.broadcast_div(&(var + eps)?.sqrt()?)?.to_dtype(dtype)?;
     Ok(normed.broadcast_mul(weight)?)
@@ -154,13 +164,14 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, grad: bool) 
     let groups = h / kvh;
     let scale = 1.0 / (d as f64).sqrt();
     let dtype = q.dtype();
+    let cdt = compute_dtype(dtype);
     // [b, kvh, groups * t, d]: rows are (group, position) pairs.
     let qg = q.contiguous()?.reshape((b, kvh, groups * t, d))?;
     let scores = (qg.matmul(&k.t()?)? * scale)?;
     let scores = scores
-        .to_dtype(DType::F32)?
+        .to_dtype(cdt)?
         .reshape((b, kvh, groups, t, big_t))?
-        .broadcast_add(&bias.unsqueeze(1)?)?
+        .broadcast_add(&bias.to_dtype(cdt)?.unsqueeze(1)?)?
         .reshape((b, kvh, groups * t, big_t))?;
     let probs = softmax(&scores, grad)?.to_dtype(dtype)?;
     let out = probs.matmul(&v.contiguous()?)?;

@@ -137,9 +137,10 @@ fn byte_chars() -> Vec<char> {
     out
 }
 
-/// A byte-level tokenizer for tiny models: ids 0-2 are `<|endoftext|>`, `<|im_start|>` (bos),
-/// `<|im_end|>` (eos, pad), then the 256 bytes; no merges. Any text round-trips.
-pub fn tiny_text_bundle() -> Result<rlft_text::TextBundle> {
+/// The tiny tokenizer's vocabulary as a [`rlft_text::BpeSpec`] (what a GGUF file's
+/// `tokenizer.ggml.*` keys hold): ids 0-2 are `<|endoftext|>`, `<|im_start|>` (bos),
+/// `<|im_end|>` (eos, pad), then the 256 bytes; no merges; `smollm` pre-tokenizer.
+pub fn tiny_bpe_spec() -> rlft_text::BpeSpec {
     let mut tokens: Vec<String> = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
         .iter()
         .map(|s| s.to_string())
@@ -147,7 +148,7 @@ pub fn tiny_text_bundle() -> Result<rlft_text::TextBundle> {
     tokens.extend(byte_chars().into_iter().map(String::from));
     let mut token_types = vec![rlft_text::token_type::CONTROL; 3];
     token_types.extend(std::iter::repeat_n(rlft_text::token_type::NORMAL, 256));
-    let spec = rlft_text::BpeSpec {
+    rlft_text::BpeSpec {
         model: Some("gpt2".into()),
         tokens,
         merges: Vec::new(),
@@ -158,9 +159,14 @@ pub fn tiny_text_bundle() -> Result<rlft_text::TextBundle> {
         unk_id: Some(0),
         pad_id: Some(2),
         add_bos: false,
-    };
+    }
+}
+
+/// A byte-level tokenizer for tiny models ([`tiny_bpe_spec`] with [`TINY_CHAT_TEMPLATE`]).
+/// Any text round-trips.
+pub fn tiny_text_bundle() -> Result<rlft_text::TextBundle> {
     Ok(rlft_text::TextBundle::from_bpe_spec(
-        &spec,
+        &tiny_bpe_spec(),
         Some(TINY_CHAT_TEMPLATE.to_string()),
     )?)
 }

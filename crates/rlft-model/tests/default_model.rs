@@ -6,8 +6,8 @@
 //! The model is fetched once by `scripts/fetch-default-model.sh` into `~/.cache/rlft/models/`
 //! (or taken from `RLFT_DEFAULT_MODEL`).
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
+
 use std::sync::OnceLock;
 
 use candle_core::{Device, Tensor};
@@ -18,45 +18,11 @@ use rlft_model::{generate, GenerateRequest, LoadedModel, SamplingParams};
 use rlft_text::Message;
 use serde_json::Value;
 
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn default_model_path() -> PathBuf {
-    if let Ok(p) = std::env::var("RLFT_DEFAULT_MODEL") {
-        return PathBuf::from(p);
-    }
-    let out = Command::new("bash")
-        .arg(repo_root().join("scripts/fetch-default-model.sh"))
-        .output()
-        .expect("run scripts/fetch-default-model.sh");
-    assert!(
-        out.status.success(),
-        "fetching the default model failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-}
-
-fn golden() -> &'static Value {
-    static G: OnceLock<Value> = OnceLock::new();
-    G.get_or_init(|| {
-        let p = repo_root().join("../shared/fixtures/smollm2/golden.json");
-        serde_json::from_str(&std::fs::read_to_string(&p).expect("golden.json")).unwrap()
-    })
-}
+use common::{default_model_path, golden, ids};
 
 fn gguf_model() -> &'static LoadedModel {
     static M: OnceLock<LoadedModel> = OnceLock::new();
     M.get_or_init(|| load_model(default_model_path(), &LoadOptions::default()).unwrap())
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 fn messages(v: &Value) -> Vec<Message> {

@@ -394,3 +394,31 @@ fn bad_inputs_give_clear_errors() {
         .to_string();
     assert!(e.contains("model.layers.2"), "{e}");
 }
+
+#[test]
+fn fused_decode_equals_tensor_decode() {
+    let none = |_: &[u32]| String::new();
+    for model in all_families() {
+        let req = GenerateRequest {
+            prompts: vec![
+                vec![5u32, 6, 7, 8, 9, 10, 11],
+                vec![10u32, 11],
+                vec![3u32; 4],
+            ],
+            n: 2,
+            max_new_tokens: 12,
+            sampling: SamplingParams::default(),
+            seed: 11,
+            eos_token_ids: vec![2, 40],
+            stop_strings: vec![],
+            pad_token_id: 2,
+        };
+        let fused = rlft_model::generate::generate_with(&model, &req, &none, true).unwrap();
+        let tensor = rlft_model::generate::generate_with(&model, &req, &none, false).unwrap();
+        for (a, b) in fused.iter().zip(&tensor) {
+            assert_eq!(a.token_ids, b.token_ids, "{:?}", model.config.family);
+            assert_eq!(a.finish_reason, b.finish_reason);
+            assert!(max_abs_diff(&a.logprobs, &b.logprobs) < 1e-4);
+        }
+    }
+}

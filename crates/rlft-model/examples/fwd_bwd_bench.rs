@@ -1,0 +1,156 @@
+//! Forward + backward of the default model (SmolLM2-135M, f32, CPU) with every weight trainable:
+//! the `fwd_bwd` case of `../shared/bench/trl_cpu/bench.py`. Batch 8 x 128 random ids (fixed
+//! seed), loss = -mean log-prob of the 64 "completion" tokens (positions 64..127) of each row.
+//!
+//! `cargo run --release -p rlft-model --example fwd_bwd_bench [-- MODEL [NAME_SUBSTRING,...]]`
+//!
+//! MODEL defaults to `RLFT_DEFAULT_MODEL` or the cached default model
+//! (`scripts/fetch-default-model.sh`). Name substrings select the trainable weights
+//! (`q_proj,v_proj`); default all. One untimed warm-up, then 3 timed reps; prints the medians,
+//! peak RSS (VmHWM, reset after loading as bench.py does) and what candle's raw gradient store
+//! holds beyond the trainable weights.
+//!
+//! Simplification: the model sees 127 positions (the last token's hidden state predicts
+//! nothing), where bench.py runs all 128 and computes logits for every position.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use candle_core::{Device, Tensor};
+use rlft_model::decoder::Batch;
+use rlft_model::load::{load_model, LoadOptions};
+use rlft_model::trainable::{make_trainable, masked_mean_nll, sequence_logprobs};
+
+const BATCH: usize = 8;
+const SEQ: usize = 128;
+const PROMPT: usize = 64;
+const REPS: usize = 3;
+
+fn model_path(arg: Option<String>) -> PathBuf {
+    if let Some(p) = arg.or_else(|| std::env::var("RLFT_DEFAULT_MODEL").ok()) {
+        return PathBuf::from(p);
+    }
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/fetch-default-model.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .output()
+        .expect("run scripts/fetch-default-model.sh");
+    assert!(out.status.success(), "fetching the default model failed");
+    PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
+}
+
+fn status_kib(key: &str) -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let path = model_path(args.next());
+    let filter: Vec<String> = args
+        .next()
+        .map(|s| s.split(',').map(String::from).collect())
+        .unwrap_or_default();
+    let dev = Device::Cpu;
+    let t0 = Instant::now();
+    let mut model = load_model(&path, &LoadOptions::default())?.model;
+    let vars = make_trainable(&mut model, |n| {
+        filter.is_empty() || filter.iter().any(|f| n.contains(f.as_str()))
+    })?;
+    let trainable: usize = vars.iter().map(|(_, v)| v.as_tensor().elem_count()).sum();
+    println!(
+        "loaded {} in {:.1} s; {} trainable tensors, {trainable} parameters",
+        path.display(),
+        t0.elapsed().as_secs_f64(),
+        vars.len()
+    );
+
+    // Random ids from a fixed LCG (bench.py uses torch.randint; any fixed ids do).
+    let vocab = model.config.vocab_size as u64;
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    let ids: Vec<u32> = (0..BATCH * SEQ)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) % vocab) as u32
+        })
+        .collect();
+    let ids = Tensor::from_vec(ids, (BATCH, SEQ), &dev)?;
+    let inputs: Vec<Vec<u32>> = ids.narrow(1, 0, SEQ - 1)?.to_vec2()?;
+    let batch = Batch::left_padded(&inputs, &[0; BATCH], 0, 0, &dev)?;
+    // Targets: tokens PROMPT..SEQ-1, predicted from the last SEQ-PROMPT input positions.
+    let targets = ids.narrow(1, PROMPT, SEQ - PROMPT)?.contiguous()?;
+    let mask = Tensor::ones((BATCH, SEQ - PROMPT), candle_core::DType::F32, &dev)?;
+
+    let rss_after_load = status_kib("VmRSS");
+    // Reset VmHWM to the current RSS (as bench.py does), so the peak covers the benchmark only.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    let (mut fwd, mut bwd, mut total) = (Vec::new(), Vec::new(), Vec::new());
+    let var_ids: std::collections::HashSet<_> =
+        vars.iter().map(|(_, v)| v.as_tensor().id()).collect();
+    for rep in 0..=REPS {
+        let t0 = Instant::now();
+        let lp = sequence_logprobs(&model, &batch, &targets, true)?;
+        let loss = masked_mean_nll(&lp, &mask)?;
+        let loss_v = loss.to_scalar::<f32>()?;
+        let t1 = Instant::now();
+        let grads = loss.backward()?;
+        let t2 = Instant::now();
+        if rep == 0 {
+            let (mut extra_n, mut extra_bytes, mut var_bytes) = (0usize, 0usize, 0usize);
+            for id in grads.get_ids() {
+                let g = grads.get_id(*id).expect("listed id");
+                let bytes = g.elem_count() * g.dtype().size_in_bytes();
+                if var_ids.contains(id) {
+                    var_bytes += bytes;
+                } else {
+                    extra_n += 1;
+                    extra_bytes += bytes;
+                }
+            }
+            println!(
+                "warm-up: loss {loss_v:.4}; raw gradient store: {} MiB for trainable weights, \
+                 {extra_n} other entries holding {} MiB",
+                var_bytes >> 20,
+                extra_bytes >> 20
+            );
+        } else {
+            fwd.push((t1 - t0).as_secs_f64());
+            bwd.push((t2 - t1).as_secs_f64());
+            total.push((t2 - t0).as_secs_f64());
+            println!(
+                "rep {rep}: forward {:.0} ms, backward {:.0} ms, total {:.0} ms",
+                (t1 - t0).as_secs_f64() * 1e3,
+                (t2 - t1).as_secs_f64() * 1e3,
+                (t2 - t0).as_secs_f64() * 1e3
+            );
+        }
+        drop(grads);
+    }
+    let peak = status_kib("VmHWM");
+    println!(
+        "fwd+bwd median {:.0} ms (forward {:.0} ms, backward {:.0} ms) over {REPS} reps; \
+         {:.0} tokens/s",
+        median(total.clone()) * 1e3,
+        median(fwd) * 1e3,
+        median(bwd) * 1e3,
+        (BATCH * SEQ) as f64 / median(total)
+    );
+    println!(
+        "RSS after load {} MiB; peak RSS during the benchmark (VmHWM) {} MiB",
+        rss_after_load >> 10,
+        peak >> 10
+    );
+    Ok(())
+}

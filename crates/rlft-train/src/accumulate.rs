@@ -1,0 +1,191 @@
+//! Gradient accumulation over micro-batches: `sum_i weight_i * grads_i`, kept in f32.
+//!
+//! The weight says how micro-batch losses combine into the batch loss:
+//! - each micro-batch loss is a mean and the batch loss is their mean (transformers' default):
+//!   weight `1 / accumulation_steps` ([`GradAccumulator::add_mean`]);
+//! - each micro-batch loss is a mean over its tokens and the batch loss is the mean over all
+//!   tokens of the batch: weight `tokens_i / total_tokens`
+//!   ([`GradAccumulator::add_token_weighted`]); with this, batch B x accum 1 == batch 1 x accum
+//!   B exactly, whatever the sequence lengths;
+//! - plain sum: weight 1.
+//!
+//! On the CPU the first micro-batch is copied (scaled) in one parallel pass and later ones are
+//! added in place (`sum += w * g`), so no gradient but the sums stays alive between
+//! micro-batches.
+
+use std::collections::HashSet;
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Storage, Tensor, Var};
+use rayon::prelude::*;
+
+use crate::cpu::{
+    axpy, f32_slice_mut, float_slice, is_fusable, scaled_copy, with_cpu_mut, FloatSlice, CHUNK,
+};
+use crate::error::{Result, TrainError};
+
+/// Accumulates the gradients of a fixed list of vars over micro-batches.
+#[derive(Debug)]
+pub struct GradAccumulator {
+    vars: Vec<Var>,
+    /// Weighted sums, one per var (`None` until it gets a gradient); f32 (f64 for f64 grads).
+    sums: Vec<Option<Tensor>>,
+    micro_batches: usize,
+}
+
+impl GradAccumulator {
+    /// An empty accumulator for `vars` (a var listed twice is kept once).
+    pub fn new(vars: Vec<Var>) -> Self {
+        let mut seen = HashSet::new();
+        let vars: Vec<Var> = vars.into_iter().filter(|v| seen.insert(v.id())).collect();
+        let sums = vec![None; vars.len()];
+        Self {
+            vars,
+            sums,
+            micro_batches: 0,
+        }
+    }
+
+    /// Micro-batches added since the last [`GradAccumulator::finish`].
+    pub fn micro_batches(&self) -> usize {
+        self.micro_batches
+    }
+
+    /// Adds `weight * grad` for every var with a gradient in `grads` (others: as if zero).
+    pub fn add(&mut self, grads: &GradStore, weight: f64) -> Result<()> {
+        if !weight.is_finite() {
+            return Err(TrainError::Hyperparameter {
+                what: "accumulation weight",
+                value: weight,
+                fix: "use 1/accumulation_steps, tokens_i/total_tokens or 1",
+            });
+        }
+        for (var, sum) in self.vars.iter().zip(self.sums.iter_mut()) {
+            let Some(g) = grads.get(var.as_tensor()) else {
+                continue;
+            };
+            if g.dims() != var.dims() {
+                return Err(TrainError::State(format!(
+                    "a gradient has shape {:?} but its var has {:?}; pass the GradStore of this \
+                     model's loss",
+                    g.dims(),
+                    var.dims()
+                )));
+            }
+            match sum {
+                None => *sum = Some(scaled_copy_tensor(g, weight)?),
+                Some(s) => {
+                    if !add_in_place(s, g, weight as f32)? {
+                        *s = (&*s + (g.to_dtype(s.dtype())? * weight)?)?;
+                    }
+                }
+            }
+        }
+        self.micro_batches += 1;
+        Ok(())
+    }
+
+    /// Adds one of `accumulation_steps` micro-batches whose losses are averaged (weight
+    /// `1 / accumulation_steps`).
+    pub fn add_mean(&mut self, grads: &GradStore, accumulation_steps: usize) -> Result<()> {
+        if accumulation_steps == 0 {
+            return Err(TrainError::Hyperparameter {
+                what: "gradient_accumulation_steps",
+                value: 0.0,
+                fix: "must be >= 1",
+            });
+        }
+        self.add(grads, 1.0 / accumulation_steps as f64)
+    }
+
+    /// Adds a micro-batch whose loss is the mean over its `tokens` tokens, for a batch loss that
+    /// is the mean over all `total_tokens` tokens (weight `tokens / total_tokens`).
+    pub fn add_token_weighted(
+        &mut self,
+        grads: &GradStore,
+        tokens: usize,
+        total_tokens: usize,
+    ) -> Result<()> {
+        if total_tokens == 0 || tokens > total_tokens {
+            return Err(TrainError::Hyperparameter {
+                what: "total_tokens",
+                value: total_tokens as f64,
+                fix: "count the loss tokens of all micro-batches of the step before adding them \
+                      (total_tokens >= tokens of each micro-batch, > 0)",
+            });
+        }
+        self.add(grads, tokens as f64 / total_tokens as f64)
+    }
+
+    /// The accumulated gradients (keyed by the vars, ready for clipping and the optimizer) and
+    /// a reset: the next micro-batch starts a new sum.
+    pub fn finish(&mut self) -> GradStore {
+        let mut out = GradStore::default();
+        for (var, sum) in self.vars.iter().zip(self.sums.iter_mut()) {
+            if let Some(s) = sum.take() {
+                out.insert(var.as_tensor(), s);
+            }
+        }
+        self.micro_batches = 0;
+        out
+    }
+}
+
+/// `weight * g` as a new tensor owning its storage: f32 (f64 for f64 `g`), one parallel pass on
+/// the CPU.
+fn scaled_copy_tensor(g: &Tensor, weight: f64) -> Result<Tensor> {
+    if is_fusable(g) {
+        let (s, l) = g.storage_and_layout();
+        if let Storage::Cpu(cs) = &*s {
+            if let Some(x) = float_slice(cs, l) {
+                let mut out = vec![0f32; x.len()];
+                let w = weight as f32;
+                let chunks = out.par_chunks_mut(CHUNK).enumerate();
+                match x {
+                    FloatSlice::F32(x) => {
+                        chunks.for_each(|(i, o)| scaled_copy(o, &x[i * CHUNK..], w))
+                    }
+                    FloatSlice::BF16(x) => {
+                        chunks.for_each(|(i, o)| scaled_copy(o, &x[i * CHUNK..], w))
+                    }
+                    FloatSlice::F16(x) => {
+                        chunks.for_each(|(i, o)| scaled_copy(o, &x[i * CHUNK..], w))
+                    }
+                }
+                return Ok(Tensor::from_vec(out, g.shape(), g.device())?);
+            }
+        }
+    }
+    let dtype = if g.dtype() == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    // `affine` always allocates, so the sum never shares storage with `g`.
+    Ok((g.to_dtype(dtype)? * weight)?)
+}
+
+/// `sum += w * g` in place on the CPU; `false` if either tensor is not handled there.
+fn add_in_place(sum: &Tensor, g: &Tensor, w: f32) -> Result<bool> {
+    if !(is_fusable(g) && sum.device().is_cpu() && sum.dtype() == DType::F32) {
+        return Ok(false);
+    }
+    let (gs, gl) = g.storage_and_layout();
+    let Storage::Cpu(gs) = &*gs else {
+        return Ok(false);
+    };
+    let Some(x) = float_slice(gs, gl) else {
+        return Ok(false);
+    };
+    with_cpu_mut(sum, |ss, sl| {
+        let acc = f32_slice_mut(ss, sl)?;
+        let chunks = acc.par_chunks_mut(CHUNK).enumerate();
+        match &x {
+            FloatSlice::F32(x) => chunks.for_each(|(i, a)| axpy(a, &x[i * CHUNK..], w)),
+            FloatSlice::BF16(x) => chunks.for_each(|(i, a)| axpy(a, &x[i * CHUNK..], w)),
+            FloatSlice::F16(x) => chunks.for_each(|(i, a)| axpy(a, &x[i * CHUNK..], w)),
+        }
+        Ok(())
+    })?;
+    Ok(true)
+}

@@ -1,0 +1,441 @@
+//! AdamW with PyTorch's semantics (`torch.optim.AdamW`, Loshchilov & Hutter, "Decoupled Weight
+//! Decay Regularization", 2019), with parameter groups.
+//!
+//! For each parameter `p` with gradient `g` at its `t`-th step (t counts the steps on which `p`
+//! had a gradient, as PyTorch's per-parameter `step`), with the group's `lr` and `weight_decay`:
+//!
+//! ```text
+//! p  = p * (1 - lr * weight_decay)          decoupled weight decay, before the Adam update
+//! m  = m + (1 - beta1) * (g - m)            = beta1 * m + (1 - beta1) * g
+//! v  = beta2 * v + (1 - beta2) * g * g
+//! p  = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+//! ```
+//!
+//! Parameters without a gradient in the [`GradStore`] are skipped (their `t` does not advance).
+//! Two kernels compute the same thing ([`AdamWKernel`]): `Reference`, candle tensor ops (runs
+//! anywhere, allocates new tensors), and `Fused` (default): one multi-threaded in-place pass per
+//! tensor over parameter, `m`, `v` and gradient on the CPU; on other devices and for f64
+//! parameters it falls back to the reference ops.
+//!
+//! **Precision.** `m` and `v` are f32 (f64 for f64 parameters). For bf16/f16 parameters the
+//! optimizer also keeps an f32 master copy of the weights: the update is applied to the master and
+//! the parameter receives its round-to-nearest value, so updates smaller than a bf16 ulp are not
+//! lost (PyTorch would keep bf16 state and update bf16 weights directly). The master is made from
+//! the parameter on its first step; after loading new weights into the vars mid-run, call
+//! [`AdamW::sync_master_from_params`].
+//!
+//! Simplified: no `amsgrad`, `maximize` or `capturable`; hyperparameters other than `lr` and
+//! `weight_decay` are shared by all groups.
+
+mod fused;
+mod state;
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor, TensorId, Var};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, TrainError};
+
+/// Hyperparameters of [`AdamW`], with PyTorch's names and defaults (the transformers/TRL names
+/// `learning_rate`, `adam_beta1`, `adam_beta2`, `adam_epsilon` are accepted as aliases).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdamWConfig {
+    /// Base learning rate; a group uses `lr * lr_mult`. Usually overwritten every step from the
+    /// schedule with [`AdamW::set_lr`]. Default 1e-3.
+    #[serde(alias = "learning_rate")]
+    pub lr: f64,
+    /// Decay rate of the first moment, in [0, 1). Default 0.9.
+    #[serde(alias = "adam_beta1")]
+    pub beta1: f64,
+    /// Decay rate of the second moment, in [0, 1). Default 0.999.
+    #[serde(alias = "adam_beta2")]
+    pub beta2: f64,
+    /// Added to `sqrt(v_hat)` in the denominator, >= 0. Default 1e-8.
+    #[serde(alias = "adam_epsilon")]
+    pub eps: f64,
+    /// Decoupled weight decay of groups that do not set their own, >= 0. Default 0.01 (PyTorch;
+    /// transformers' Trainer defaults to 0.0).
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        Self {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+impl AdamWConfig {
+    /// Checks every value is in range; the error names the option and the valid range.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |what, value: f64, fix| TrainError::Hyperparameter { what, value, fix };
+        if !(self.lr.is_finite() && self.lr >= 0.0) {
+            return Err(bad(
+                "lr",
+                self.lr,
+                "the learning rate must be finite and >= 0",
+            ));
+        }
+        for (what, b) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&b) {
+                return Err(bad(
+                    what,
+                    b,
+                    "Adam betas must be in [0, 1), e.g. 0.9 and 0.999",
+                ));
+            }
+        }
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return Err(bad(
+                "eps",
+                self.eps,
+                "eps must be finite and >= 0, e.g. 1e-8",
+            ));
+        }
+        check_weight_decay(self.weight_decay)
+    }
+}
+
+fn check_weight_decay(wd: f64) -> Result<()> {
+    if wd.is_finite() && wd >= 0.0 {
+        return Ok(());
+    }
+    Err(TrainError::Hyperparameter {
+        what: "weight_decay",
+        value: wd,
+        fix: "weight decay must be finite and >= 0 (0 disables it)",
+    })
+}
+
+/// A parameter group: vars sharing a learning-rate multiplier and a weight decay (PyTorch's
+/// `param_groups` entry).
+#[derive(Clone, Debug)]
+pub struct ParamGroup {
+    /// The trainable tensors of the group (any shapes; float dtypes).
+    pub vars: Vec<Var>,
+    /// The group's lr is `AdamW::lr() * lr_mult`. Default 1.
+    pub lr_mult: f64,
+    /// Weight decay of this group; `None` uses [`AdamWConfig::weight_decay`].
+    pub weight_decay: Option<f64>,
+}
+
+impl ParamGroup {
+    /// A group with lr multiplier 1 and the config's weight decay.
+    pub fn new(vars: Vec<Var>) -> Self {
+        Self {
+            vars,
+            lr_mult: 1.0,
+            weight_decay: None,
+        }
+    }
+
+    /// Sets the lr multiplier.
+    pub fn with_lr_mult(mut self, lr_mult: f64) -> Self {
+        self.lr_mult = lr_mult;
+        self
+    }
+
+    /// Sets the group's own weight decay.
+    pub fn with_weight_decay(mut self, weight_decay: f64) -> Self {
+        self.weight_decay = Some(weight_decay);
+        self
+    }
+
+    /// The usual split: matrices (rank >= 2, including embeddings) decay with the config's weight
+    /// decay; vectors (rank < 2: biases and norm weights) get none. For Llama/Qwen models this is
+    /// the set transformers' Trainer decays (it excludes `bias` and norm-layer weights by name).
+    /// Returns `[decayed, not decayed]`.
+    pub fn split_decay(vars: Vec<Var>) -> Vec<ParamGroup> {
+        let (decay, no_decay): (Vec<Var>, Vec<Var>) = vars.into_iter().partition(|v| v.rank() >= 2);
+        vec![
+            ParamGroup::new(decay),
+            ParamGroup::new(no_decay).with_weight_decay(0.0),
+        ]
+    }
+}
+
+/// Which code computes the update (the results agree to float rounding).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdamWKernel {
+    /// candle tensor ops, one allocation per intermediate: the readable reference, any device.
+    Reference,
+    /// In-place, multi-threaded single pass per tensor on the CPU; falls back to `Reference` on
+    /// other devices and for f64 parameters.
+    #[default]
+    Fused,
+}
+
+/// `lr` and weight decay of one group, validated.
+#[derive(Clone, Copy, Debug)]
+struct GroupOptions {
+    lr_mult: f64,
+    weight_decay: f64,
+}
+
+/// Per-parameter state: PyTorch's `step`, `exp_avg`, `exp_avg_sq`, plus the f32 master weights
+/// of low-precision parameters.
+#[derive(Debug)]
+struct ParamState {
+    var: Var,
+    group: usize,
+    step: u64,
+    /// `m`, same shape as the parameter; f32 (f64 for f64 parameters).
+    exp_avg: Tensor,
+    /// `v`, like `exp_avg`.
+    exp_avg_sq: Tensor,
+    /// f32 copy of bf16/f16 weights, created on the first step.
+    master: Option<Tensor>,
+}
+
+impl ParamState {
+    fn new(var: Var, group: usize) -> Result<Self> {
+        let dtype = state_dtype(var.dtype());
+        let exp_avg = Tensor::zeros(var.shape(), dtype, var.device())?;
+        let exp_avg_sq = Tensor::zeros(var.shape(), dtype, var.device())?;
+        Ok(Self {
+            var,
+            group,
+            step: 0,
+            exp_avg,
+            exp_avg_sq,
+            master: None,
+        })
+    }
+
+    fn needs_master(&self) -> bool {
+        matches!(self.var.dtype(), DType::BF16 | DType::F16)
+    }
+}
+
+/// Dtype of the moments (and master weights) of a parameter of dtype `d`.
+fn state_dtype(d: DType) -> DType {
+    if d == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// The scalars of one parameter's update at its step `t`, in f64.
+#[derive(Clone, Copy, Debug)]
+struct StepScalars {
+    decay: f64,
+    one_minus_beta1: f64,
+    beta2: f64,
+    step_size: f64,
+    bc2_sqrt: f64,
+    eps: f64,
+}
+
+impl StepScalars {
+    fn new(cfg: &AdamWConfig, lr: f64, weight_decay: f64, t: u64) -> Self {
+        // `powf` like Python's `beta ** step` (C `pow`), not repeated multiplication.
+        let bc1 = 1.0 - cfg.beta1.powf(t as f64);
+        let bc2 = 1.0 - cfg.beta2.powf(t as f64);
+        Self {
+            decay: 1.0 - lr * weight_decay,
+            one_minus_beta1: 1.0 - cfg.beta1,
+            beta2: cfg.beta2,
+            step_size: lr / bc1,
+            bc2_sqrt: bc2.sqrt(),
+            eps: cfg.eps,
+        }
+    }
+}
+
+/// AdamW over parameter groups; see the module docs for the maths and precision.
+#[derive(Debug)]
+pub struct AdamW {
+    cfg: AdamWConfig,
+    kernel: AdamWKernel,
+    groups: Vec<GroupOptions>,
+    /// One entry per var, groups in order, vars in group order (PyTorch's state index order).
+    params: Vec<ParamState>,
+}
+
+impl AdamW {
+    /// Builds the optimizer with the fused kernel and zeroed moments (allocated now, on each
+    /// var's device). Errors if the config is out of range, a var is listed twice or is not float.
+    pub fn new(groups: Vec<ParamGroup>, cfg: AdamWConfig) -> Result<Self> {
+        cfg.validate()?;
+        let mut seen: std::collections::HashMap<TensorId, usize> = Default::default();
+        let mut options = Vec::with_capacity(groups.len());
+        let mut params = Vec::new();
+        for (gi, group) in groups.into_iter().enumerate() {
+            let weight_decay = group.weight_decay.unwrap_or(cfg.weight_decay);
+            check_weight_decay(weight_decay)?;
+            if !(group.lr_mult.is_finite() && group.lr_mult >= 0.0) {
+                return Err(TrainError::Hyperparameter {
+                    what: "lr_mult",
+                    value: group.lr_mult,
+                    fix: "a group's lr multiplier must be finite and >= 0",
+                });
+            }
+            options.push(GroupOptions {
+                lr_mult: group.lr_mult,
+                weight_decay,
+            });
+            for var in group.vars {
+                if let Some(prev) = seen.insert(var.id(), gi) {
+                    return Err(TrainError::Groups(format!(
+                        "a var of shape {:?} is in group {prev} and group {gi}; list each var once",
+                        var.dims()
+                    )));
+                }
+                if !var.dtype().is_float() {
+                    return Err(TrainError::Groups(format!(
+                        "a var of dtype {:?} cannot be trained; keep integer tensors out of the groups",
+                        var.dtype()
+                    )));
+                }
+                params.push(ParamState::new(var, gi)?);
+            }
+        }
+        Ok(Self {
+            cfg,
+            kernel: AdamWKernel::default(),
+            groups: options,
+            params,
+        })
+    }
+
+    /// Selects the kernel (default [`AdamWKernel::Fused`]).
+    pub fn with_kernel(mut self, kernel: AdamWKernel) -> Self {
+        self.kernel = kernel;
+        self
+    }
+
+    /// The kernel in use.
+    pub fn kernel(&self) -> AdamWKernel {
+        self.kernel
+    }
+
+    /// The hyperparameters (`lr` is the current base lr).
+    pub fn config(&self) -> &AdamWConfig {
+        &self.cfg
+    }
+
+    /// Current base learning rate (group `i` uses `lr() * lr_mult_i`).
+    pub fn lr(&self) -> f64 {
+        self.cfg.lr
+    }
+
+    /// Sets the base learning rate, e.g. from [`crate::LrScheduler::lr_at`] before each step.
+    pub fn set_lr(&mut self, lr: f64) {
+        self.cfg.lr = lr;
+    }
+
+    /// All vars, in state order (groups in order, then vars in group order).
+    pub fn vars(&self) -> Vec<Var> {
+        self.params.iter().map(|p| p.var.clone()).collect()
+    }
+
+    /// Total number of trainable elements.
+    pub fn num_params(&self) -> usize {
+        self.params.iter().map(|p| p.var.elem_count()).sum()
+    }
+
+    /// Steps taken by parameter `index` (state order); `None` if out of range.
+    pub fn param_step(&self, index: usize) -> Option<u64> {
+        self.params.get(index).map(|p| p.step)
+    }
+
+    /// One AdamW step: updates every var that has a gradient in `grads` (gradient shape = var
+    /// shape, any float dtype) in place. Vars without a gradient are left untouched.
+    pub fn step(&mut self, grads: &GradStore) -> Result<()> {
+        for (index, st) in self.params.iter_mut().enumerate() {
+            let Some(grad) = grads.get(st.var.as_tensor()) else {
+                continue;
+            };
+            if grad.dims() != st.var.dims() {
+                return Err(TrainError::State(format!(
+                    "the gradient of parameter {index} has shape {:?} but the var has {:?}; pass \
+                     the GradStore computed from this model's loss",
+                    grad.dims(),
+                    st.var.dims()
+                )));
+            }
+            let group = self.groups[st.group];
+            let sc = StepScalars::new(
+                &self.cfg,
+                self.cfg.lr * group.lr_mult,
+                group.weight_decay,
+                st.step + 1,
+            );
+            if st.needs_master() && st.master.is_none() {
+                st.master = Some(st.var.as_tensor().to_dtype(DType::F32)?);
+            }
+            let fused = self.kernel == AdamWKernel::Fused && fused::update(st, grad, &sc)?;
+            if !fused {
+                reference_update(st, grad, &sc)?;
+            }
+            st.step += 1;
+        }
+        Ok(())
+    }
+
+    /// Forgets the f32 master copies of bf16/f16 parameters; they are re-made from the vars on
+    /// their next step. Call after writing new values into the vars (e.g. loading weights).
+    pub fn sync_master_from_params(&mut self) {
+        for st in &mut self.params {
+            st.master = None;
+        }
+    }
+}
+
+/// The update with candle tensor ops (allocating); `st.step` is not yet incremented.
+fn reference_update(st: &mut ParamState, grad: &Tensor, sc: &StepScalars) -> Result<()> {
+    let dtype = st.exp_avg.dtype();
+    let g = grad.to_dtype(dtype)?;
+    let p = match &st.master {
+        Some(w) => w.clone(),
+        None => st.var.as_tensor().to_dtype(dtype)?,
+    };
+    // Multiplying by exactly 1 changes nothing: skip the pass when there is no decay.
+    let p = if sc.decay != 1.0 {
+        p.affine(sc.decay, 0.0)?
+    } else {
+        p
+    };
+    let m = (&st.exp_avg + ((&g - &st.exp_avg)? * sc.one_minus_beta1)?)?;
+    let v = ((&st.exp_avg_sq * sc.beta2)? + (g.sqr()? * (1.0 - sc.beta2))?)?;
+    let denom = ((v.sqrt()? / sc.bc2_sqrt)? + sc.eps)?;
+    let p = (p - ((&m / &denom)? * sc.step_size)?)?;
+    st.exp_avg = m;
+    st.exp_avg_sq = v;
+    if st.master.is_some() {
+        st.var.set(&p.to_dtype(st.var.dtype())?)?;
+        st.master = Some(p);
+    } else {
+        st.var.set(&p)?;
+    }
+    Ok(())
+}
+
+impl candle_nn::Optimizer for AdamW {
+    type Config = AdamWConfig;
+
+    /// One group holding `vars` with the config's weight decay; fused kernel.
+    fn new(vars: Vec<Var>, config: AdamWConfig) -> candle_core::Result<Self> {
+        AdamW::new(vec![ParamGroup::new(vars)], config).map_err(candle_core::Error::wrap)
+    }
+
+    fn step(&mut self, grads: &GradStore) -> candle_core::Result<()> {
+        AdamW::step(self, grads).map_err(candle_core::Error::wrap)
+    }
+
+    fn learning_rate(&self) -> f64 {
+        self.lr()
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        self.set_lr(lr)
+    }
+}

@@ -1,0 +1,141 @@
+//! Saving and restoring the optimizer state, with PyTorch's `state_dict()["state"]` naming.
+//!
+//! For parameter `i` (state order: groups in order, vars in group order), once it has taken a
+//! step:
+//!
+//! | name                  | shape        | dtype                       |
+//! |-----------------------|--------------|-----------------------------|
+//! | `state.{i}.step`      | `[]`         | f64 (steps taken)           |
+//! | `state.{i}.exp_avg`   | param shape  | f32 (f64 for f64 params)    |
+//! | `state.{i}.exp_avg_sq`| param shape  | like `exp_avg`              |
+//! | `state.{i}.master`    | param shape  | f32; bf16/f16 params only   |
+//!
+//! Hyperparameters are not saved: they come from the run's config, and the lr from the schedule.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Tensor};
+
+use super::{state_dtype, AdamW, ParamState};
+use crate::error::{Result, TrainError};
+
+const FIELDS: [&str; 4] = ["step", "exp_avg", "exp_avg_sq", "master"];
+
+impl AdamW {
+    /// A snapshot of the state (copies, safe to keep while training continues), named as in the
+    /// module docs; parameters that never took a step have no entries. Save it with
+    /// `candle_core::safetensors::save` and restore it with [`AdamW::load_state_tensors`].
+    pub fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::new();
+        for (i, st) in self.params.iter().enumerate() {
+            if st.step == 0 {
+                continue;
+            }
+            let step = Tensor::new(st.step as f64, st.var.device())?;
+            out.push((format!("state.{i}.step"), step));
+            out.push((format!("state.{i}.exp_avg"), st.exp_avg.copy()?));
+            out.push((format!("state.{i}.exp_avg_sq"), st.exp_avg_sq.copy()?));
+            if let Some(master) = &st.master {
+                out.push((format!("state.{i}.master"), master.copy()?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Restores a state written by [`AdamW::state_tensors`] (any device/dtype; converted to each
+    /// var's device and the state dtype, copied). The optimizer must be built with the same vars
+    /// in the same groups and order. Parameters without entries start fresh; a missing `master`
+    /// is re-made from the var. Nothing changes if an error is returned.
+    pub fn load_state_tensors(&mut self, tensors: &HashMap<String, Tensor>) -> Result<()> {
+        let n = self.params.len();
+        for name in tensors.keys() {
+            let parsed = parse_name(name);
+            match parsed {
+                Some((i, _)) if i < n => {}
+                Some((i, _)) => {
+                    return Err(TrainError::State(format!(
+                        "`{name}` is for parameter {i} but this optimizer has {n} parameters; \
+                         build the parameter groups with the same vars, in the same order, as the \
+                         run that saved the state"
+                    )))
+                }
+                None => {
+                    return Err(TrainError::State(format!(
+                        "unexpected tensor `{name}`; optimizer state tensors are named \
+                         `state.<index>.<{}>`",
+                        FIELDS.join("|")
+                    )))
+                }
+            }
+        }
+        let mut restored = Vec::with_capacity(n);
+        for (i, st) in self.params.iter().enumerate() {
+            restored.push(restore_one(i, st, tensors)?);
+        }
+        for (st, (step, m, v, master)) in self.params.iter_mut().zip(restored) {
+            st.step = step;
+            st.exp_avg = m;
+            st.exp_avg_sq = v;
+            st.master = master;
+        }
+        Ok(())
+    }
+}
+
+/// `state.{i}.{field}` -> `(i, field)`.
+fn parse_name(name: &str) -> Option<(usize, &str)> {
+    let rest = name.strip_prefix("state.")?;
+    let (i, field) = rest.split_once('.')?;
+    let i = i.parse().ok()?;
+    FIELDS.contains(&field).then_some((i, field))
+}
+
+type Restored = (u64, Tensor, Tensor, Option<Tensor>);
+
+/// The state of parameter `i` from `tensors`, validated against the var.
+fn restore_one(i: usize, st: &ParamState, tensors: &HashMap<String, Tensor>) -> Result<Restored> {
+    let get = |field: &str| tensors.get(&format!("state.{i}.{field}"));
+    let dtype = state_dtype(st.var.dtype());
+    let dev = st.var.device();
+    let Some(step) = get("step") else {
+        if let Some(field) = FIELDS[1..].iter().find(|f| get(f).is_some()) {
+            return Err(TrainError::State(format!(
+                "`state.{i}.{field}` is present without `state.{i}.step`; the state file is \
+                 incomplete, save it again with AdamW::state_tensors"
+            )));
+        }
+        let zeros = Tensor::zeros(st.var.shape(), dtype, dev)?;
+        return Ok((0, zeros.clone(), zeros.zeros_like()?, None));
+    };
+    let step = step.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+    if !(step.is_finite() && step >= 0.0 && step.fract() == 0.0) {
+        return Err(TrainError::State(format!(
+            "`state.{i}.step` = {step} is not a step count; the state file is corrupt"
+        )));
+    }
+    let load = |field: &str, dtype: DType| -> Result<Tensor> {
+        let t = get(field).ok_or_else(|| {
+            TrainError::State(format!(
+                "`state.{i}.{field}` is missing; the state file is incomplete, save it again \
+                 with AdamW::state_tensors"
+            ))
+        })?;
+        if t.dims() != st.var.dims() {
+            return Err(TrainError::State(format!(
+                "`state.{i}.{field}` has shape {:?} but parameter {i} has shape {:?}; build the \
+                 parameter groups with the same vars, in the same order, as the run that saved it",
+                t.dims(),
+                st.var.dims()
+            )));
+        }
+        // `copy` so that in-place updates never write into the caller's tensors.
+        Ok(t.to_device(dev)?.to_dtype(dtype)?.copy()?)
+    };
+    let m = load("exp_avg", dtype)?;
+    let v = load("exp_avg_sq", dtype)?;
+    let master = match get("master") {
+        Some(_) if st.needs_master() => Some(load("master", DType::F32)?),
+        _ => None,
+    };
+    Ok((step as u64, m, v, master))
+}
