@@ -1,34 +1,43 @@
-//! A fused decode step for f32 models on the CPU: one new token per row, all of a layer's work
-//! on raw slices with no tensor allocations, so a step costs about what reading the weights
-//! costs.
+//! A fused forward pass for f32 models on the CPU, used by generation for prefill and decoding.
 //!
-//! It computes exactly what [`CausalLm::forward`] computes for `t = 1` with a KV cache (same
-//! formulas, same f32 rounding of rotary angles; only summation order differs, ~1e-6). The
-//! cache lives per row, so finished rows leave the batch for free and the `n` samples of a
-//! prompt start from copies of its prefill. Used by [`crate::generate`] when the model is f32 on
-//! the CPU; other devices and dtypes take the tensor path.
+//! Every sequence ("row") owns its KV cache, and a call appends any number of tokens to each
+//! row: the tokens of all rows are packed into one `[N, hidden]` matrix (no padding), the
+//! linear layers run as one gemm over it (or as the streaming kernel when `N` is small, as in
+//! decoding), and attention runs per token over its own row's cache. All work is on raw slices
+//! with buffers reused across layers, so a decode step costs about what reading the weights
+//! costs. It computes what [`CausalLm::forward`] computes (same formulas, same f32 rotary angles;
+//! only summation order differs, ~1e-6), which the tests check. Inference only: no gradients.
 
 use candle_core::{DType, Device, Storage, Tensor};
 use rayon::prelude::*;
 
 use crate::decoder::CausalLm;
 use crate::error::{ModelError, Result};
-use crate::kernels::matmul_wt;
-use crate::kv_cache::KvCache;
+use crate::kernels::{dot, matmul_wt, SMALL_M};
 
 /// Keys and values of one sequence: per layer `[kv_heads, capacity, head_dim]`.
 #[derive(Debug, Clone)]
 pub struct RowCache {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
-    /// Positions stored (including left padding at the front).
     len: usize,
-    /// Leading padding positions (never attended to).
-    pad: usize,
+    capacity: usize,
 }
 
 impl RowCache {
-    /// Positions stored so far (padding included).
+    /// An empty cache for `model` holding up to `capacity` positions.
+    pub fn new(model: &CausalLm, capacity: usize) -> Self {
+        let c = &model.config;
+        let size = c.num_key_value_heads * capacity * c.head_dim;
+        RowCache {
+            k: (0..c.num_hidden_layers).map(|_| vec![0f32; size]).collect(),
+            v: (0..c.num_hidden_layers).map(|_| vec![0f32; size]).collect(),
+            len: 0,
+            capacity,
+        }
+    }
+
+    /// Positions stored so far.
     pub fn len(&self) -> usize {
         self.len
     }
@@ -44,50 +53,17 @@ pub fn supported(model: &CausalLm) -> bool {
     matches!(model.device(), Device::Cpu) && model.dtype() == DType::F32
 }
 
-/// Splits a batched candle cache `[b, kvh, cap, d]` (after prefill) into per-row caches.
-pub fn rows_from_cache(cache: &KvCache, pads: &[usize]) -> Result<Vec<RowCache>> {
-    let len = cache.len();
-    let cap = cache.capacity();
-    let mut rows: Vec<RowCache> = pads
-        .iter()
-        .map(|&pad| RowCache {
-            k: Vec::new(),
-            v: Vec::new(),
-            len,
-            pad,
-        })
-        .collect();
-    for layer in 0..cache.num_layers() {
-        let (k, v) = cache
-            .layer_buffers(layer)
-            .ok_or_else(|| ModelError::Invalid("KV cache layer is empty".into()))?;
-        for (src, is_k) in [(k, true), (v, false)] {
-            let (b, kvh, c, d) = src.dims4()?;
-            debug_assert_eq!(c, cap);
-            let data: Vec<f32> = src.flatten_all()?.to_vec1()?;
-            let per_row = kvh * c * d;
-            for (r, row) in rows.iter_mut().enumerate().take(b) {
-                let slice = data[r * per_row..(r + 1) * per_row].to_vec();
-                if is_k {
-                    row.k.push(slice);
-                } else {
-                    row.v.push(slice);
-                }
-            }
-        }
-    }
-    Ok(rows)
-}
-
 /// Runs `f` on the f32 contents of a contiguous CPU tensor.
 fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     let (st, l) = t.storage_and_layout();
     let Storage::Cpu(cpu) = &*st else {
-        return Err(ModelError::Invalid("fused decode needs CPU tensors".into()));
+        return Err(ModelError::Invalid(
+            "fused forward needs CPU tensors".into(),
+        ));
     };
     if !l.is_contiguous() {
         return Err(ModelError::Invalid(
-            "fused decode needs contiguous weights".into(),
+            "fused forward needs contiguous weights".into(),
         ));
     }
     let s = cpu.as_slice::<f32>()?;
@@ -96,30 +72,73 @@ fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     ))
 }
 
-/// `out [m, n] = x [m, k] @ W^T (+ b)` for a [`crate::ops::Linear`].
-fn linear(l: &crate::ops::Linear, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
-    let (n, k) = l.weight.dims2()?;
-    let bias: Option<Vec<f32>> = match &l.bias {
-        Some(b) => Some(b.to_vec1()?),
-        None => None,
+/// `out [m, n] = x [m, k] @ w [n, k]^T`: streaming kernel for few rows, gemm otherwise.
+fn matmul(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
+    if m <= SMALL_M {
+        matmul_wt(x, m, k, w, n, None, out);
+        return;
+    }
+    let threads = rayon::current_num_threads();
+    let par = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
     };
-    with_f32(&l.weight, |w| {
-        matmul_wt(x, m, k, w, n, bias.as_deref(), out)
-    })
-}
-
-/// RMSNorm of each `width`-sized row of `x` in place-out: `out = w * x / sqrt(mean(x^2) + eps)`.
-fn rms_norm_rows(x: &[f32], w: &[f32], eps: f64, width: usize, out: &mut [f32]) {
-    for (xr, or) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
-        let ms = xr.iter().map(|v| v * v).sum::<f32>() / width as f32;
-        let inv = 1.0 / (ms + eps as f32).sqrt();
-        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
-            *o = g * (v * inv);
-        }
+    // SAFETY: the slices hold m*k, n*k and m*n elements with the strides given (row-major x
+    // and out; w read transposed: element (kk, j) is w[j * k + kk]).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
     }
 }
 
-/// Rotates `x [heads, d]` at one position (HF "rotate half" convention).
+/// `out = x @ W^T (+ b)` for a [`crate::ops::Linear`] over `m` packed rows.
+fn linear(l: &crate::ops::Linear, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
+    let (n, k) = l.weight.dims2()?;
+    with_f32(&l.weight, |w| matmul(x, m, k, w, n, &mut out[..m * n]))?;
+    if let Some(b) = &l.bias {
+        with_f32(b, |b| {
+            out[..m * n]
+                .par_chunks_mut(n)
+                .for_each(|row| row.iter_mut().zip(b).for_each(|(o, b)| *o += b))
+        })?;
+    }
+    Ok(())
+}
+
+/// RMSNorm of each `width`-sized row: `out = w * x / sqrt(mean(x^2) + eps)`.
+fn rms_norm_rows(x: &[f32], w: &[f32], eps: f64, width: usize, out: &mut [f32]) {
+    x.par_chunks(width)
+        .zip(out.par_chunks_mut(width))
+        .for_each(|(xr, or)| {
+            let ms = dot(xr, xr) / width as f32;
+            let inv = 1.0 / (ms + eps as f32).sqrt();
+            for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+                *o = g * (v * inv);
+            }
+        });
+}
+
+/// Rotates each `d`-wide head of `x` (HF "rotate half" convention).
 fn rope_heads(x: &mut [f32], d: usize, cos: &[f32], sin: &[f32]) {
     let h = d / 2;
     for head in x.chunks_exact_mut(d) {
@@ -131,10 +150,27 @@ fn rope_heads(x: &mut [f32], d: usize, cos: &[f32], sin: &[f32]) {
     }
 }
 
-/// One decode step: appends `tokens[r]` to every row and returns the logits `[rows, vocab]`.
-pub fn step(model: &CausalLm, rows: &mut [RowCache], tokens: &[u32]) -> Result<Vec<Vec<f32>>> {
+/// Reusable activations for `n` packed tokens.
+struct Buffers {
+    x: Vec<f32>,
+    hs: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+/// Appends `tokens[r]` to row `r` for every row and returns the logits `[vocab]` after the last
+/// appended token of each row. Rows with no tokens are not allowed.
+pub fn forward(
+    model: &CausalLm,
+    rows: &mut [RowCache],
+    tokens: &[Vec<u32>],
+) -> Result<Vec<Vec<f32>>> {
     let c = &model.config;
-    let m = rows.len();
     let (h, nh, nkv, hd) = (
         c.hidden_size,
         c.num_attention_heads,
@@ -143,127 +179,165 @@ pub fn step(model: &CausalLm, rows: &mut [RowCache], tokens: &[u32]) -> Result<V
     );
     let groups = nh / nkv;
     let eps = c.rms_norm_eps;
-    let cap = rows
-        .iter()
-        .map(|r| r.k.first().map_or(0, |k| k.len() / (nkv * hd)))
-        .min()
-        .unwrap_or(0);
-    if rows.iter().any(|r| r.len >= cap) {
+    if tokens.len() != rows.len() || tokens.iter().any(Vec::is_empty) {
         return Err(ModelError::Invalid(
-            "KV cache full; create it with capacity prompt + max_new_tokens".into(),
+            "fused forward needs one non-empty token list per row".into(),
         ));
     }
-    // Embeddings.
-    let mut x = vec![0f32; m * h];
+    for (row, t) in rows.iter().zip(tokens) {
+        if row.len + t.len() > row.capacity {
+            return Err(ModelError::Invalid(format!(
+                "KV cache full: {} + {} positions exceed its capacity {}; use a capacity of \
+                 prompt length + max_new_tokens",
+                row.len,
+                t.len(),
+                row.capacity
+            )));
+        }
+    }
+    // Packed token index -> (row, offset in the row's new tokens).
+    let owner: Vec<(usize, usize)> = tokens
+        .iter()
+        .enumerate()
+        .flat_map(|(r, t)| (0..t.len()).map(move |i| (r, i)))
+        .collect();
+    let n = owner.len();
+    let i_sz = c.intermediate_size;
+    let mut b = Buffers {
+        x: vec![0f32; n * h],
+        hs: vec![0f32; n * h],
+        q: vec![0f32; n * nh * hd],
+        k: vec![0f32; n * nkv * hd],
+        v: vec![0f32; n * nkv * hd],
+        attn: vec![0f32; n * nh * hd],
+        o: vec![0f32; n * h],
+        gate: vec![0f32; n * i_sz],
+        up: vec![0f32; n * i_sz],
+    };
     with_f32(&model.embed_tokens, |e| {
-        for (r, &t) in tokens.iter().enumerate() {
-            x[r * h..(r + 1) * h].copy_from_slice(&e[t as usize * h..(t as usize + 1) * h]);
+        for (p, &(r, i)) in owner.iter().enumerate() {
+            let t = tokens[r][i] as usize;
+            b.x[p * h..(p + 1) * h].copy_from_slice(&e[t * h..(t + 1) * h]);
         }
     })?;
-    // Rotary tables per row: angle = position * inv_freq in f32, as the tensor path.
-    let inv: Vec<f32> = crate::ops::inv_freq(&c.rope, hd);
-    let (cos, sin): (Vec<Vec<f32>>, Vec<Vec<f32>>) = rows
-        .iter()
-        .map(|r| {
-            let p = (r.len - r.pad) as f32;
-            inv.iter().map(|f| ((p * f).cos(), (p * f).sin())).unzip()
-        })
-        .unzip();
-    let mut hs = vec![0f32; m * h];
-    let mut q = vec![0f32; m * nh * hd];
-    let mut k = vec![0f32; m * nkv * hd];
-    let mut v = vec![0f32; m * nkv * hd];
-    let mut attn = vec![0f32; m * nh * hd];
-    let mut o = vec![0f32; m * h];
-    let i_sz = c.intermediate_size;
-    let mut gate = vec![0f32; m * i_sz];
-    let mut up = vec![0f32; m * i_sz];
+    // Rotary tables per token: angle = position * inv_freq in f32, as the tensor path.
+    let inv = crate::ops::inv_freq(&c.rope, hd);
+    let half = hd / 2;
+    let mut cos = vec![0f32; n * half];
+    let mut sin = vec![0f32; n * half];
+    for (p, &(r, i)) in owner.iter().enumerate() {
+        let pos = (rows[r].len + i) as f32;
+        for (j, f) in inv.iter().enumerate() {
+            cos[p * half + j] = (pos * f).cos();
+            sin[p * half + j] = (pos * f).sin();
+        }
+    }
+    let scale = 1.0 / (hd as f32).sqrt();
     for (li, layer) in model.layers.iter().enumerate() {
         with_f32(&layer.input_layernorm, |w| {
-            rms_norm_rows(&x, w, eps, h, &mut hs)
+            rms_norm_rows(&b.x, w, eps, h, &mut b.hs)
         })?;
         let a = &layer.self_attn;
-        linear(&a.q_proj, &hs, m, &mut q)?;
-        linear(&a.k_proj, &hs, m, &mut k)?;
-        linear(&a.v_proj, &hs, m, &mut v)?;
+        linear(&a.q_proj, &b.hs, n, &mut b.q)?;
+        linear(&a.k_proj, &b.hs, n, &mut b.k)?;
+        linear(&a.v_proj, &b.hs, n, &mut b.v)?;
         if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
-            let qc = q.clone();
-            with_f32(qn, |w| rms_norm_rows(&qc, w, eps, hd, &mut q))?;
-            let kc = k.clone();
-            with_f32(kn, |w| rms_norm_rows(&kc, w, eps, hd, &mut k))?;
+            let qc = b.q.clone();
+            with_f32(qn, |w| rms_norm_rows(&qc, w, eps, hd, &mut b.q))?;
+            let kc = b.k.clone();
+            with_f32(kn, |w| rms_norm_rows(&kc, w, eps, hd, &mut b.k))?;
         }
-        for r in 0..m {
-            rope_heads(&mut q[r * nh * hd..(r + 1) * nh * hd], hd, &cos[r], &sin[r]);
-            rope_heads(
-                &mut k[r * nkv * hd..(r + 1) * nkv * hd],
-                hd,
-                &cos[r],
-                &sin[r],
+        for p in 0..n {
+            let (cs, sn) = (
+                &cos[p * half..(p + 1) * half],
+                &sin[p * half..(p + 1) * half],
             );
+            rope_heads(&mut b.q[p * nh * hd..(p + 1) * nh * hd], hd, cs, sn);
+            rope_heads(&mut b.k[p * nkv * hd..(p + 1) * nkv * hd], hd, cs, sn);
+        }
+        // Write the new keys/values into each row's cache.
+        for (p, &(r, i)) in owner.iter().enumerate() {
             let row = &mut rows[r];
-            let pos = row.len;
+            let (cap, pos) = (row.capacity, row.len + i);
             for g in 0..nkv {
                 let dst = (g * cap + pos) * hd;
-                let src = (r * nkv + g) * hd;
-                row.k[li][dst..dst + hd].copy_from_slice(&k[src..src + hd]);
-                row.v[li][dst..dst + hd].copy_from_slice(&v[src..src + hd]);
+                let src = (p * nkv + g) * hd;
+                row.k[li][dst..dst + hd].copy_from_slice(&b.k[src..src + hd]);
+                row.v[li][dst..dst + hd].copy_from_slice(&b.v[src..src + hd]);
             }
         }
-        // Attention: one task per (row, query head) over keys pad..=pos.
-        let scale = 1.0 / (hd as f32).sqrt();
+        // Causal attention of each token over its row's keys 0..=position.
         let rows_ref: &[RowCache] = rows;
-        attn.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
-            let (r, head) = (idx / nh, idx % nh);
-            let g = head / groups;
-            let row = &rows_ref[r];
-            let qv = &q[idx * hd..(idx + 1) * hd];
-            let (kc, vc) = (&row.k[li], &row.v[li]);
-            let keys = row.pad..=row.len;
-            let mut scores: Vec<f32> = keys
-                .clone()
-                .map(|j| {
-                    let kv = &kc[(g * cap + j) * hd..(g * cap + j + 1) * hd];
-                    qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * scale
-                })
-                .collect();
-            let max = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let mut sum = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            out.fill(0.0);
-            for (j, p) in keys.zip(&scores) {
-                let w = p / sum;
-                let vv = &vc[(g * cap + j) * hd..(g * cap + j + 1) * hd];
-                for (o, &x) in out.iter_mut().zip(vv) {
-                    *o += w * x;
+        let q = &b.q;
+        b.attn
+            .par_chunks_mut(nh * hd)
+            .enumerate()
+            .for_each(|(p, out)| {
+                let (r, i) = owner[p];
+                let row = &rows_ref[r];
+                let (cap, last) = (row.capacity, row.len + i);
+                let (kc, vc) = (&row.k[li], &row.v[li]);
+                let mut scores = vec![0f32; last + 1];
+                for head in 0..nh {
+                    let g = head / groups;
+                    let qv = &q[(p * nh + head) * hd..(p * nh + head + 1) * hd];
+                    let base = g * cap * hd;
+                    let mut max = f32::NEG_INFINITY;
+                    for (j, s) in scores.iter_mut().enumerate() {
+                        *s = dot(qv, &kc[base + j * hd..base + (j + 1) * hd]) * scale;
+                        max = max.max(*s);
+                    }
+                    let mut sum = 0f32;
+                    for s in scores.iter_mut() {
+                        *s = (*s - max).exp();
+                        sum += *s;
+                    }
+                    let o = &mut out[head * hd..(head + 1) * hd];
+                    o.fill(0.0);
+                    for (j, s) in scores.iter().enumerate() {
+                        let w = s / sum;
+                        let vv = &vc[base + j * hd..base + (j + 1) * hd];
+                        o.iter_mut().zip(vv).for_each(|(o, &x)| *o += w * x);
+                    }
                 }
-            }
-        });
-        for row in rows.iter_mut() {
-            if li + 1 == model.layers.len() {
-                row.len += 1;
-            }
-        }
-        linear(&a.o_proj, &attn, m, &mut o)?;
-        x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            });
+        linear(&a.o_proj, &b.attn, n, &mut b.o)?;
+        b.x.iter_mut().zip(&b.o).for_each(|(x, o)| *x += o);
         with_f32(&layer.post_attention_layernorm, |w| {
-            rms_norm_rows(&x, w, eps, h, &mut hs)
+            rms_norm_rows(&b.x, w, eps, h, &mut b.hs)
         })?;
-        linear(&layer.mlp.gate_proj, &hs, m, &mut gate)?;
-        linear(&layer.mlp.up_proj, &hs, m, &mut up)?;
-        gate.iter_mut().zip(&up).for_each(|(g, u)| {
-            *g = *g / (1.0 + (-*g).exp()) * u;
-        });
-        linear(&layer.mlp.down_proj, &gate, m, &mut o)?;
-        x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+        linear(&layer.mlp.gate_proj, &b.hs, n, &mut b.gate)?;
+        linear(&layer.mlp.up_proj, &b.hs, n, &mut b.up)?;
+        b.gate
+            .par_chunks_mut(i_sz)
+            .zip(b.up.par_chunks(i_sz))
+            .for_each(|(g, u)| {
+                g.iter_mut()
+                    .zip(u)
+                    .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u)
+            });
+        linear(&layer.mlp.down_proj, &b.gate, n, &mut b.o)?;
+        b.x.iter_mut().zip(&b.o).for_each(|(x, o)| *x += o);
     }
-    with_f32(&model.norm, |w| rms_norm_rows(&x, w, eps, h, &mut hs))?;
+    for (row, t) in rows.iter_mut().zip(tokens) {
+        row.len += t.len();
+    }
+    // Final norm and LM head only at each row's last new token.
+    let mut last = Vec::with_capacity(rows.len() * h);
+    let mut end = 0;
+    for t in tokens {
+        end += t.len();
+        last.extend_from_slice(&b.x[(end - 1) * h..end * h]);
+    }
+    let m = tokens.len();
+    let mut normed = vec![0f32; m * h];
+    with_f32(&model.norm, |w| {
+        rms_norm_rows(&last, w, eps, h, &mut normed)
+    })?;
     let vocab = c.vocab_size;
     let mut logits = vec![0f32; m * vocab];
     with_f32(model.lm_head_weight(), |w| {
-        matmul_wt(&hs, m, h, w, vocab, None, &mut logits)
+        matmul_wt(&normed, m, h, w, vocab, None, &mut logits)
     })?;
     Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
 }

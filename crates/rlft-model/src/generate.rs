@@ -5,10 +5,9 @@
 //! leave the batch, so no compute is spent on padding after a sequence stops. Every sequence has
 //! its own seeded PRNG stream `(seed, prompt, sample)`, so results do not depend on batch size.
 
-use candle_core::Tensor;
 use rayon::prelude::*;
 
-use crate::decode_fast;
+use crate::decode_fast::{self, RowCache};
 use crate::decoder::{Batch, CausalLm};
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
@@ -129,32 +128,31 @@ pub fn generate_with(
         )));
     }
     let pads: Vec<usize> = req.prompts.iter().map(|p| max_len - p.len()).collect();
-    let mut cache = KvCache::new(model.layers.len(), capacity);
-    // Prefill each prompt once.
-    let batch = Batch::left_padded(&req.prompts, &pads, 0, req.pad_token_id, device)?;
-    let hidden = model.forward(&batch, Some(&mut cache), false)?;
-    let last = vec![max_len - 1; req.prompts.len()];
-    let logits = model.logits_at(&hidden, &last)?;
-    // Share the prefill across the n samples of each prompt.
+    // Prefill each prompt once, then share it across the n samples of the prompt.
     let expand: Vec<u32> = (0..req.prompts.len())
         .flat_map(|p| std::iter::repeat_n(p as u32, req.n))
         .collect();
-    let mut logits: Vec<Vec<f32>> = logits
-        .index_select(&Tensor::new(expand.as_slice(), device)?, 0)?
-        .to_vec2()?;
-    let mut decoder = if fused {
-        let per_prompt = decode_fast::rows_from_cache(&cache, &pads)?;
-        drop(cache);
-        Decoder::Fast(
-            expand
-                .iter()
-                .map(|&p| per_prompt[p as usize].clone())
-                .collect(),
-        )
+    let (mut decoder, first_logits) = if fused {
+        let mut caches: Vec<RowCache> = req
+            .prompts
+            .iter()
+            .map(|p| RowCache::new(model, p.len() + req.max_new_tokens))
+            .collect();
+        let logits = decode_fast::forward(model, &mut caches, &req.prompts)?;
+        let caches = expand.iter().map(|&p| caches[p as usize].clone()).collect();
+        (Decoder::Fast(caches), logits)
     } else {
+        let mut cache = KvCache::new(model.layers.len(), capacity);
+        let batch = Batch::left_padded(&req.prompts, &pads, 0, req.pad_token_id, device)?;
+        let hidden = model.forward(&batch, Some(&mut cache), false)?;
+        let logits = model.logits_at(&hidden, &vec![max_len - 1; req.prompts.len()])?;
         cache.select_rows(&expand)?;
-        Decoder::Tensor(cache)
+        (Decoder::Tensor(cache), logits.to_vec2()?)
     };
+    let mut logits: Vec<Vec<f32>> = expand
+        .iter()
+        .map(|&p| first_logits[p as usize].clone())
+        .collect();
     let mut rows: Vec<Row> = expand
         .iter()
         .enumerate()
@@ -210,7 +208,10 @@ pub fn generate_with(
             .map(|&i| *rows[i].out.last().expect("sampled"))
             .collect();
         logits = match &mut decoder {
-            Decoder::Fast(caches) => decode_fast::step(model, caches, &tokens)?,
+            Decoder::Fast(caches) => {
+                let ids: Vec<Vec<u32>> = tokens.iter().map(|&t| vec![t]).collect();
+                decode_fast::forward(model, caches, &ids)?
+            }
             Decoder::Tensor(cache) => {
                 let past = cache.len();
                 let ids: Vec<Vec<u32>> = tokens.iter().map(|&t| vec![t]).collect();
@@ -250,7 +251,7 @@ pub fn generate_with(
 
 /// The decode-time state: per-row caches for the fused CPU path, or a batched tensor cache.
 enum Decoder {
-    Fast(Vec<decode_fast::RowCache>),
+    Fast(Vec<RowCache>),
     Tensor(KvCache),
 }
 

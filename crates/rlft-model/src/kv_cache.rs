@@ -42,14 +42,6 @@ impl KvCache {
         self.layers.len()
     }
 
-    /// The whole preallocated buffers `(k, v)` of `layer`, `[b, kvh, capacity, d]`.
-    pub fn layer_buffers(&self, layer: usize) -> Option<(&Tensor, &Tensor)> {
-        self.layers
-            .get(layer)
-            .and_then(|l| l.as_ref())
-            .map(|(k, v)| (k, v))
-    }
-
     /// Maximum positions.
     pub fn capacity(&self) -> usize {
         self.capacity

@@ -5,7 +5,7 @@
 //! [`CausalLm::forward`] with `grad = true` builds the autograd graph through it; frozen weights
 //! stay plain tensors and get no gradient. One SFT step:
 //!
-//! ```no_run
+//! ```
 //! # fn main() -> rlft_model::Result<()> {
 //! # let cfg = rlft_model::tiny::tiny_config(rlft_model::Family::Llama);
 //! # let dev = candle_core::Device::Cpu;

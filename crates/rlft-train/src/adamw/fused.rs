@@ -12,7 +12,7 @@ use crate::cpu::{
     adamw_chunk, adamw_master_chunk, f32_slice_mut, float_slice, float_slice_mut, is_fusable,
     with_cpu_mut, AdamWCoefs, Elem, FloatSlice, FloatSliceMut, CHUNK,
 };
-use crate::error::Result;
+use crate::error::{Result, TrainError};
 
 /// Applies the update of `st` with `grad` in place if the fused kernel handles this parameter
 /// (CPU, f32/bf16/f16 parameter and gradient); returns `false` (touching nothing) otherwise.
@@ -42,10 +42,10 @@ pub(super) fn update(st: &mut ParamState, grad: &Tensor, sc: &StepScalars) -> Re
     };
     let n = var.elem_count();
     if g.len() != n {
-        candle_core::bail!(
-            "rlft-train: gradient has {} elements, parameter {n}",
+        return Err(TrainError::State(format!(
+            "a gradient has {} elements but its parameter {n}; pass this model's gradients",
             g.len()
-        );
+        )));
     }
     with_cpu_mut(&st.exp_avg, |ms, ml| {
         with_cpu_mut(&st.exp_avg_sq, |vs, vl| {
