@@ -1,0 +1,255 @@
+//! End-to-end tests of the `rlft` binary: generate, chat, inspect, tokenize, logprobs, convert,
+//! on a tiny random model and on the default model.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use rlft_model::config::Family;
+use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
+use serde_json::Value;
+
+fn rlft(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rlft"))
+        .args(args)
+        .output()
+        .expect("run rlft")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "rlft failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The default model's path (fetched once by scripts/fetch-default-model.sh).
+fn default_model() -> String {
+    if let Ok(p) = std::env::var("RLFT_DEFAULT_MODEL") {
+        return p;
+    }
+    let out = Command::new("bash")
+        .arg(repo_root().join("scripts/fetch-default-model.sh"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn tiny_dir(dir: &Path, family: Family) -> String {
+    let p = dir.join(format!("{family:?}"));
+    save_tiny_hf_dir(tiny_config(family), 5, &p).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn generate_is_seeded_and_reports_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    for fam in [Family::Llama, Family::Qwen2, Family::Qwen3] {
+        let m = tiny_dir(tmp.path(), fam);
+        let args = [
+            "generate",
+            "--model",
+            &m,
+            "--max-new-tokens",
+            "8",
+            "--seed",
+            "3",
+            "-n",
+            "2",
+            "--temperature",
+            "4",
+            "--json",
+            "hello",
+            "world!",
+        ];
+        let a = ok(&rlft(&args));
+        let b = ok(&rlft(&args));
+        assert_eq!(a, b, "same seed, same output");
+        let lines: Vec<Value> = a
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 4);
+        for l in &lines {
+            let n = l["token_ids"].as_array().unwrap().len();
+            assert!(n >= 1 && n <= 8);
+            assert_eq!(l["logprobs"].as_array().unwrap().len(), n);
+            assert!(["stop", "length"].contains(&l["finish_reason"].as_str().unwrap()));
+        }
+        let c = ok(&rlft(&[
+            "generate",
+            "--model",
+            &m,
+            "--max-new-tokens",
+            "8",
+            "--seed",
+            "4",
+            "-n",
+            "2",
+            "--temperature",
+            "4",
+            "--json",
+            "hello",
+            "world!",
+        ]));
+        assert_ne!(a, c, "another seed, other samples");
+    }
+}
+
+#[test]
+fn convert_then_inspect_and_tokenize() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny_dir(tmp.path(), Family::Qwen3);
+    let out = tmp.path().join("converted");
+    ok(&rlft(&[
+        "convert",
+        "--model",
+        &m,
+        "--output",
+        out.to_str().unwrap(),
+    ]));
+    let info: Value =
+        serde_json::from_str(&ok(&rlft(&["inspect", out.to_str().unwrap(), "--json"]))).unwrap();
+    assert_eq!(info["architecture"], "Qwen3ForCausalLM");
+    assert_eq!(info["head_dim"], 32);
+    // Converting onto an existing directory needs --overwrite.
+    let again = rlft(&["convert", "--model", &m, "--output", out.to_str().unwrap()]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("--overwrite"));
+    let t: Value = serde_json::from_str(&ok(&rlft(&[
+        "tokenize",
+        "--model",
+        out.to_str().unwrap(),
+        "--json",
+        "ab<|im_end|>",
+    ])))
+    .unwrap();
+    assert_eq!(t["pieces"], serde_json::json!(["a", "b", "<|im_end|>"]));
+}
+
+#[test]
+fn bad_inputs_fail_with_clear_messages() {
+    let out = rlft(&["generate", "--model", "/nonexistent/model", "hi"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(!err.contains("stack backtrace"), "{err}");
+    let out = rlft(&["generate", "--model", "x", "--system", "s", "hi"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--chat"));
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tiny_dir(tmp.path(), Family::Llama);
+    let out = rlft(&["generate", "--model", &m, "--top-p", "0", "hi"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("top_p"));
+}
+
+#[test]
+fn default_model_answers_and_matches_golden() {
+    let m = default_model();
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("../shared/fixtures/smollm2/golden.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    // A sensible chat answer, greedy.
+    let answer = ok(&rlft(&[
+        "generate",
+        "--model",
+        &m,
+        "--chat",
+        "--greedy",
+        "--max-new-tokens",
+        "32",
+        "What is the capital of France?",
+    ]));
+    assert!(answer.contains("Paris"), "{answer}");
+    // Sampling with one seed twice gives the same text.
+    let args = [
+        "generate",
+        "--model",
+        &m,
+        "--chat",
+        "--seed",
+        "9",
+        "--max-new-tokens",
+        "24",
+        "Tell me a fun fact.",
+    ];
+    assert_eq!(ok(&rlft(&args)), ok(&rlft(&args)));
+    // tokenize and logprobs agree with transformers.
+    let case = &golden["tokenize"][0];
+    let t: Value = serde_json::from_str(&ok(&rlft(&[
+        "tokenize",
+        "--model",
+        &m,
+        "--json",
+        case["text"].as_str().unwrap(),
+    ])))
+    .unwrap();
+    assert_eq!(t["ids"], case["ids"]);
+    let case = &golden["logprobs"][0];
+    let lp: Value = serde_json::from_str(&ok(&rlft(&[
+        "logprobs",
+        "--model",
+        &m,
+        "--json",
+        "--top",
+        "2",
+        "--text",
+        case["text"].as_str().unwrap(),
+    ])))
+    .unwrap();
+    let toks = lp["tokens"].as_array().unwrap();
+    for (i, want) in case["next_token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
+        let got = toks[i + 1]["logprob"].as_f64().unwrap();
+        assert!(
+            (got - want.as_f64().unwrap()).abs() < 1e-3,
+            "token {}",
+            i + 1
+        );
+    }
+    // inspect names the special tokens and shows the chat template.
+    let text = ok(&rlft(&["inspect", &m]));
+    assert!(
+        text.contains("LlamaForCausalLM")
+            && text.contains("<|im_end|>")
+            && text.contains("chat_template")
+    );
+}
+
+#[test]
+fn chat_keeps_history_and_resets() {
+    let m = default_model();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rlft"))
+        .args(["chat", "--model", &m, "--greedy", "--max-new-tokens", "24"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .as_mut()
+        .unwrap()
+        .write_all(b"What is the capital of France?\n/reset\n/exit\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("Paris"), "{stdout}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("history cleared"));
+}
