@@ -422,3 +422,36 @@ fn fused_decode_equals_tensor_decode() {
         }
     }
 }
+
+#[test]
+fn sharded_checkpoints_round_trip() {
+    use rlft_model::export::{save_hf_dir, ExportOptions};
+    let model = random_model(tiny_config(Family::Llama), 2, DType::F32, &Device::Cpu).unwrap();
+    let text = rlft_model::tiny::tiny_text_bundle().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sharded");
+    let opts = ExportOptions {
+        shard_bytes: 40_000,
+        ..Default::default()
+    };
+    save_hf_dir(&model, &text, &Default::default(), &out, &opts).unwrap();
+    let shards: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+        .collect();
+    assert!(shards.len() > 3, "{} shards", shards.len());
+    assert!(out.join("model.safetensors.index.json").exists());
+    let back = load_model(&out, &LoadOptions::default()).unwrap();
+    let ids: Vec<u32> = (0..9).map(|i| (i * 17 + 4) % 259).collect();
+    assert_eq!(
+        logprobs(&model, &ids, false),
+        logprobs(&back.model, &ids, false)
+    );
+    // A shard listed in the index but missing is named in the error.
+    std::fs::remove_file(shards[0].path()).unwrap();
+    let e = load_model(&out, &LoadOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("missing"), "{e}");
+}
