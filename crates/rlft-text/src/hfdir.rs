@@ -358,6 +358,15 @@ impl TextBundle {
             .map_err(|e| TextError::tokenizer("encoding", e))
     }
 
+    /// Token ids of `text` (no special tokens added) with each token's byte range in `text`.
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+        let enc = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| TextError::tokenizer("encoding", e))?;
+        Ok((enc.get_ids().to_vec(), enc.get_offsets().to_vec()))
+    }
+
     /// Text of `ids`; `skip_special_tokens` drops control tokens such as `<|im_end|>`.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.tokenizer

@@ -1,0 +1,10 @@
+//! # rlft: trainers and the data they eat
+//!
+//! Above the model runtime (`rlft-model`), the optimiser and checkpoints (`rlft-train`) and the
+//! dataset readers (`rlft-data`): how dataset rows become token ids and loss masks, and the
+//! trainers built from them.
+//!
+//! - [`sft_data`]: prompt-completion and conversational rows -> `(input_ids, loss_mask)`, loss on
+//!   completion / assistant tokens only, with a length policy that counts what it drops.
+
+pub mod sft_data;
