@@ -7,4 +7,5 @@
 //! - [`sft_data`]: prompt-completion and conversational rows -> `(input_ids, loss_mask)`, loss on
 //!   completion / assistant tokens only, with a length policy that counts what it drops.
 
+pub mod config;
 pub mod sft_data;
