@@ -46,6 +46,16 @@ def main():
             ts.append((time.perf_counter() - t) * 1e3)
         print(f"  torch {name:<9} {statistics.median(ts):8.1f} ms [{min(ts):7.1f}]")
         del opt
+    grads = [p.grad for p in params]
+    for name, max_norm in [("clip_grad_norm_(1e9)", 1e9), ("clip_grad_norm_(1e-3)", 1e-3)]:
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+        ts = []
+        for _ in range(args.reps):
+            t = time.perf_counter()
+            torch.nn.utils.clip_grad_norm_(params, max_norm)
+            ts.append((time.perf_counter() - t) * 1e3)
+        print(f"  torch {name:<21} {statistics.median(ts):6.1f} ms [{min(ts):7.1f}]")
+    del grads
 
 
 if __name__ == "__main__":

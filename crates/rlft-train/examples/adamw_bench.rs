@@ -1,5 +1,6 @@
 //! AdamW step time on SmolLM2-135M's parameter shapes (134.5M f32 params in 272 tensors):
-//! rlft's reference (tensor ops) and fused kernels, and stock `candle_nn::AdamW` for scale.
+//! rlft's reference (tensor ops) and fused kernels, and stock `candle_nn::AdamW` for scale; then
+//! the global gradient norm, clipping and accumulation over the same gradients.
 //!
 //! ```sh
 //! flock /tmp/rlft-bench.lock cargo run --release -p rlft-train --example adamw_bench
@@ -17,7 +18,9 @@ use std::time::Instant;
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
 use candle_nn::Optimizer;
-use rlft_train::{AdamW, AdamWConfig, AdamWKernel, ParamGroup};
+use rlft_train::{
+    clip_grad_norm, global_grad_norm, AdamW, AdamWConfig, AdamWKernel, GradAccumulator, ParamGroup,
+};
 
 /// SmolLM2-135M: hidden 576, 30 layers, 9 q heads / 3 kv heads of 64, MLP 1536, vocab 49152.
 fn shapes() -> Vec<Vec<usize>> {
@@ -122,6 +125,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             format!("{kernel:?}").to_lowercase(),
             gbytes / (med / 1e3)
         );
+    }
+    if !fused_only {
+        let (med, min) = time_steps(reps, || {
+            global_grad_norm(&grads, &vars).expect("norm");
+        });
+        println!("  rlft global_grad_norm {med:6.1} ms [{min:7.1}]");
+        // A tiny threshold: every rep scales all gradients in place.
+        let (med, min) = time_steps(reps, || {
+            clip_grad_norm(&mut grads, &vars, 1e-3).expect("clip");
+        });
+        println!("  rlft clip_grad_norm   {med:6.1} ms [{min:7.1}]  (norm + in-place scale)");
+        let mut acc = GradAccumulator::new(vars.clone());
+        acc.add(&grads, 0.5)?;
+        let (med, min) = time_steps(reps, || acc.add(&grads, 0.5).expect("add"));
+        println!("  rlft accumulate add   {med:6.1} ms [{min:7.1}]  (in place, after the first)");
     }
     if !skip_candle_nn {
         let params = candle_nn::ParamsAdamW {

@@ -13,6 +13,8 @@
 //! added in place (`sum += w * g`), so no gradient but the sums stays alive between
 //! micro-batches.
 
+#![warn(missing_docs)]
+
 use std::collections::HashSet;
 
 use candle_core::backprop::GradStore;
@@ -60,27 +62,37 @@ impl GradAccumulator {
                 fix: "use 1/accumulation_steps, tokens_i/total_tokens or 1",
             });
         }
-        for (var, sum) in self.vars.iter().zip(self.sums.iter_mut()) {
-            let Some(g) = grads.get(var.as_tensor()) else {
-                continue;
-            };
-            if g.dims() != var.dims() {
-                return Err(TrainError::State(format!(
-                    "a gradient has shape {:?} but its var has {:?}; pass the GradStore of this \
-                     model's loss",
-                    g.dims(),
-                    var.dims()
-                )));
-            }
-            match sum {
-                None => *sum = Some(scaled_copy_tensor(g, weight)?),
-                Some(s) => {
-                    if !add_in_place(s, g, weight as f32)? {
-                        *s = (&*s + (g.to_dtype(s.dtype())? * weight)?)?;
-                    }
+        for var in &self.vars {
+            match grads.get(var.as_tensor()) {
+                Some(g) if g.dims() != var.dims() => {
+                    return Err(TrainError::State(format!(
+                        "a gradient has shape {:?} but its var has {:?}; pass the GradStore of \
+                         this model's loss",
+                        g.dims(),
+                        var.dims()
+                    )))
                 }
+                _ => {}
             }
         }
+        // One parallel region over all vars (and their chunks).
+        self.vars
+            .par_iter()
+            .zip(self.sums.par_iter_mut())
+            .try_for_each(|(var, sum)| -> Result<()> {
+                let Some(g) = grads.get(var.as_tensor()) else {
+                    return Ok(());
+                };
+                match sum {
+                    None => *sum = Some(scaled_copy_tensor(g, weight)?),
+                    Some(s) => {
+                        if !add_in_place(s, g, weight as f32)? {
+                            *s = (&*s + (g.to_dtype(s.dtype())? * weight)?)?;
+                        }
+                    }
+                }
+                Ok(())
+            })?;
         self.micro_batches += 1;
         Ok(())
     }

@@ -8,6 +8,8 @@
 //! On the CPU the norm is one parallel pass over all gradients (f32/bf16/f16, read in place) and
 //! the scaling is in place; other devices use candle tensor ops.
 
+#![warn(missing_docs)]
+
 use std::collections::HashSet;
 
 use candle_core::backprop::GradStore;
@@ -95,9 +97,24 @@ pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Res
         ids.binary_search(&id)
             .is_ok_and(|k| (k > 0 && ids[k - 1] == id) || (k + 1 < ids.len() && ids[k + 1] == id))
     };
-    for (var, g) in tensors {
-        let in_place = g.device().is_cpu() && g.is_contiguous() && !shared(storage_id(&g));
-        if !(in_place && scale_cpu(&g, coef as f32)?) {
+    let in_place: Vec<bool> = tensors
+        .iter()
+        .map(|(_, g)| g.device().is_cpu() && g.is_contiguous() && !shared(storage_id(g)))
+        .collect();
+    // One parallel region over all tensors (and their chunks).
+    let scaled: Vec<bool> = tensors
+        .par_iter()
+        .zip(&in_place)
+        .map(|((_, g), &ok)| {
+            if ok {
+                scale_cpu(g, coef as f32)
+            } else {
+                Ok(false)
+            }
+        })
+        .collect::<Result<_>>()?;
+    for ((var, g), done) in tensors.iter().zip(scaled) {
+        if !done {
             grads.insert(var.as_tensor(), g.affine(coef, 0.0)?);
         }
     }

@@ -13,7 +13,7 @@ use half::{bf16, f16};
 
 /// Elements per parallel task: 64 KiB of f32 per stream, large enough to amortise scheduling,
 /// small enough to balance 8k tasks over the cores for a 135M-parameter model.
-pub(crate) const CHUNK: usize = 4 * 1024;
+pub(crate) const CHUNK: usize = 16 * 1024;
 
 /// A float element type the fused kernels read and write (maths is always in f32).
 pub(crate) trait Elem: Copy + Send + Sync {

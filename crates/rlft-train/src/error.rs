@@ -1,5 +1,7 @@
 //! Typed errors of the training core. Every message says what is wrong and how to fix it.
 
+#![warn(missing_docs)]
+
 /// Errors from the optimizer, clipping, schedules and gradient accumulation.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {

@@ -34,3 +34,11 @@ pub use adamw::{AdamW, AdamWConfig, AdamWKernel, ParamGroup};
 pub use clip::{clip_grad_norm, global_grad_norm, ClipOutcome};
 pub use error::{Result, TrainError};
 pub use schedule::{LrSchedule, LrScheduler, Warmup};
+
+// Run plumbing: checkpoints, metrics, TensorBoard, progress, Ctrl-C.
+pub mod checkpoint;
+pub mod crc32c;
+pub mod metrics;
+pub mod progress;
+pub mod shutdown;
+pub mod tensorboard;

@@ -17,6 +17,8 @@
 //! rlft's `constant` honours the warmup: it is transformers' `constant_with_warmup` (accepted as
 //! an alias). transformers' own `constant` ignores `warmup_steps`; the two agree when `W = 0`.
 
+#![warn(missing_docs)]
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};

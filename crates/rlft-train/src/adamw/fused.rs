@@ -14,15 +14,19 @@ use crate::cpu::{
 };
 use crate::error::{Result, TrainError};
 
-/// Applies the update of `st` with `grad` in place if the fused kernel handles this parameter
-/// (CPU, f32/bf16/f16 parameter and gradient); returns `false` (touching nothing) otherwise.
-pub(super) fn update(st: &mut ParamState, grad: &Tensor, sc: &StepScalars) -> Result<bool> {
-    let var = st.var.as_tensor();
+/// Whether [`update`] handles this parameter: CPU, contiguous f32/bf16/f16 parameter, f32
+/// state, f32/bf16/f16 gradient on the CPU (any layout).
+pub(super) fn can_update(st: &ParamState, grad: &Tensor) -> bool {
     let cpu_grad =
         grad.device().is_cpu() && matches!(grad.dtype(), DType::F32 | DType::BF16 | DType::F16);
-    if !is_fusable(var) || !cpu_grad || st.exp_avg.dtype() != DType::F32 {
-        return Ok(false);
-    }
+    is_fusable(st.var.as_tensor()) && cpu_grad && st.exp_avg.dtype() == DType::F32
+}
+
+/// Applies the update of `st` with `grad` in place; the caller checked [`can_update`] and made
+/// the master weights of bf16/f16 parameters. Takes `&ParamState`: all writes go through candle's
+/// storage locks, so distinct parameters can be updated in parallel.
+pub(super) fn update(st: &ParamState, grad: &Tensor, sc: &StepScalars) -> Result<()> {
+    let var = st.var.as_tensor();
     let k = AdamWCoefs {
         decay: sc.decay as f32,
         one_minus_beta1: sc.one_minus_beta1 as f32,
@@ -34,11 +38,14 @@ pub(super) fn update(st: &mut ParamState, grad: &Tensor, sc: &StepScalars) -> Re
     };
     let grad = grad.contiguous()?;
     let (gs, gl) = grad.storage_and_layout();
-    let Storage::Cpu(gs) = &*gs else {
-        return Ok(false);
+    let g = match &*gs {
+        Storage::Cpu(gs) => float_slice(gs, gl),
+        _ => None,
     };
-    let Some(g) = float_slice(gs, gl) else {
-        return Ok(false);
+    let Some(g) = g else {
+        return Err(TrainError::State(
+            "fused AdamW: gradient not on the CPU".into(),
+        ));
     };
     let n = var.elem_count();
     if g.len() != n {
@@ -70,7 +77,7 @@ pub(super) fn update(st: &mut ParamState, grad: &Tensor, sc: &StepScalars) -> Re
             }
         })
     })?;
-    Ok(true)
+    Ok(())
 }
 
 /// f32 parameters: dispatches on the gradient's type, then runs the chunks in parallel.

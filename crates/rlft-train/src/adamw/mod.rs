@@ -13,9 +13,14 @@
 //!
 //! Parameters without a gradient in the [`GradStore`] are skipped (their `t` does not advance).
 //! Two kernels compute the same thing ([`AdamWKernel`]): `Reference`, candle tensor ops (runs
-//! anywhere, allocates new tensors), and `Fused` (default): one multi-threaded in-place pass per
-//! tensor over parameter, `m`, `v` and gradient on the CPU; on other devices and for f64
-//! parameters it falls back to the reference ops.
+//! anywhere, allocates new tensors), and `Fused` (default): one in-place pass per tensor over
+//! parameter, `m`, `v` and gradient on the CPU, all tensors of a step in one rayon parallel region
+//! (134.5M params: ~85 ms on 2 cores, on par with PyTorch's `fused=True`, see
+//! `examples/adamw_bench.rs`); on other devices and for f64 parameters it falls back to the
+//! reference ops.
+//!
+//! Checkpoints: [`AdamW::state_tensors`] / [`AdamW::load_state_tensors`], named like PyTorch's
+//! `state_dict()["state"]` (`state.{i}.exp_avg`, ...; see `state.rs`).
 //!
 //! **Precision.** `m` and `v` are f32 (f64 for f64 parameters). For bf16/f16 parameters the
 //! optimizer also keeps an f32 master copy of the weights: the update is applied to the master and
@@ -27,11 +32,14 @@
 //! Simplified: no `amsgrad`, `maximize` or `capturable`; hyperparameters other than `lr` and
 //! `weight_decay` are shared by all groups.
 
+#![warn(missing_docs)]
+
 mod fused;
 mod state;
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, TensorId, Var};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TrainError};
@@ -350,7 +358,9 @@ impl AdamW {
     /// One AdamW step: updates every var that has a gradient in `grads` (gradient shape = var
     /// shape, any float dtype) in place. Vars without a gradient are left untouched.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
-        for (index, st) in self.params.iter_mut().enumerate() {
+        // Checks first, so that an error leaves every parameter untouched.
+        let mut work = Vec::new();
+        for (index, st) in self.params.iter().enumerate() {
             let Some(grad) = grads.get(st.var.as_tensor()) else {
                 continue;
             };
@@ -363,20 +373,31 @@ impl AdamW {
                 )));
             }
             let group = self.groups[st.group];
-            let sc = StepScalars::new(
-                &self.cfg,
-                self.cfg.lr * group.lr_mult,
-                group.weight_decay,
-                st.step + 1,
-            );
+            let lr = self.cfg.lr * group.lr_mult;
+            let sc = StepScalars::new(&self.cfg, lr, group.weight_decay, st.step + 1);
+            work.push((index, grad.clone(), sc));
+        }
+        for (index, _, _) in &work {
+            let st = &mut self.params[*index];
             if st.needs_master() && st.master.is_none() {
                 st.master = Some(st.var.as_tensor().to_dtype(DType::F32)?);
             }
-            let fused = self.kernel == AdamWKernel::Fused && fused::update(st, grad, &sc)?;
-            if !fused {
-                reference_update(st, grad, &sc)?;
-            }
-            st.step += 1;
+        }
+        let fuse = |st: &ParamState, g: &Tensor| {
+            self.kernel == AdamWKernel::Fused && fused::can_update(st, g)
+        };
+        let (fusable, rest): (Vec<_>, Vec<_>) =
+            work.iter().partition(|(i, g, _)| fuse(&self.params[*i], g));
+        // One parallel region for all fused tensors: rayon balances tensors and their chunks
+        // over the pool instead of waking it once per tensor.
+        fusable
+            .par_iter()
+            .try_for_each(|(i, g, sc)| fused::update(&self.params[*i], g, sc))?;
+        for (i, g, sc) in rest {
+            reference_update(&mut self.params[*i], g, sc)?;
+        }
+        for (index, _, _) in &work {
+            self.params[*index].step += 1;
         }
         Ok(())
     }
