@@ -5,6 +5,8 @@ mod common;
 mod default_model;
 mod generate_cmd;
 mod inspect_cmd;
+mod merge_cmd;
+mod sft_cmd;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -34,6 +36,10 @@ enum Command {
     Logprobs(inspect_cmd::LogprobsArgs),
     /// Write any loadable model (HF dir or GGUF) as an HF directory transformers loads.
     Convert(inspect_cmd::ConvertArgs),
+    /// Fold a PEFT LoRA adapter into its base model and write the result as an HF directory.
+    Merge(merge_cmd::MergeArgs),
+    /// Supervised fine-tuning from a TOML config (full or LoRA), with eval, checkpoints, resume.
+    Sft(sft_cmd::SftArgs),
     /// Print the path of the default model, fetching it if needed.
     FetchModel,
     /// Benchmarks (median time, spread, tokens/s, peak RSS).
@@ -55,6 +61,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Tokenize(a) => inspect_cmd::run_tokenize(a),
         Command::Logprobs(a) => inspect_cmd::run_logprobs(a),
         Command::Convert(a) => inspect_cmd::run_convert(a),
+        Command::Merge(a) => merge_cmd::run_merge(a),
+        Command::Sft(a) => sft_cmd::run(a),
         Command::FetchModel => {
             println!("{}", default_model::ensure_default_model()?.display());
             Ok(())

@@ -2,13 +2,17 @@
 //! the `fwd_bwd` case of `../shared/bench/trl_cpu/bench.py`. Batch 8 x 128 random ids (fixed
 //! seed), loss = -mean log-prob of the 64 "completion" tokens (positions 64..127) of each row.
 //!
-//! `cargo run --release -p rlft-model --example fwd_bwd_bench [-- MODEL [NAME_SUBSTRING,...]]`
+//! `cargo run --release -p rlft-model --example fwd_bwd_bench [-- MODEL [NAME_SUBSTRING,...]
+//! [--trainable NAME_SUBSTRING,...] [--lora TARGETS] [--rank R] [--no-frozen-op]]`
 //!
 //! MODEL defaults to `RLFT_DEFAULT_MODEL` or the cached default model
-//! (`scripts/fetch-default-model.sh`). Name substrings select the trainable weights
-//! (`q_proj,v_proj`); default all. One untimed warm-up, then 3 timed reps; prints the medians,
-//! peak RSS (VmHWM, reset after loading as bench.py does) and what candle's raw gradient store
-//! holds beyond the trainable weights.
+//! (`scripts/fetch-default-model.sh`). Name substrings (positional or `--trainable`) select the
+//! trainable weights (`q_proj,v_proj`); default all. `--lora q_proj,v_proj` (or `all-linear`)
+//! trains LoRA adapters of rank `--rank` (default 16, alpha = 2 * rank) instead, base frozen.
+//! `--no-frozen-op` sends frozen weights through candle's matmul (which also computes their
+//! gradients), to measure what [`rlft_model::ops::frozen_linear`] saves. One untimed warm-up,
+//! then 3 timed reps; prints the medians, peak RSS (VmHWM, reset after loading as bench.py does)
+//! and what candle's raw gradient store holds beyond the trainable weights.
 //!
 //! Simplification: the model sees 127 positions (the last token's hidden state predicts
 //! nothing), where bench.py runs all 128 and computes logits for every position.
@@ -20,6 +24,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use rlft_model::decoder::Batch;
 use rlft_model::load::{load_model, LoadOptions};
+use rlft_model::lora::{attach_lora, LoraConfig};
 use rlft_model::trainable::{make_trainable, masked_mean_nll, sequence_logprobs};
 
 const BATCH: usize = 8;
@@ -55,18 +60,40 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (mut positional, mut trainable, mut lora, mut rank) = (Vec::new(), None, None, 16usize);
     let mut args = std::env::args().skip(1);
-    let path = model_path(args.next());
-    let filter: Vec<String> = args
-        .next()
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--trainable" => trainable = args.next(),
+            "--lora" => lora = args.next(),
+            "--rank" => rank = args.next().and_then(|r| r.parse().ok()).expect("--rank N"),
+            "--no-frozen-op" => rlft_model::ops::set_frozen_ops(false),
+            _ => positional.push(a),
+        }
+    }
+    let mut positional = positional.into_iter();
+    let path = model_path(positional.next());
+    let filter: Vec<String> = trainable
+        .or(positional.next())
         .map(|s| s.split(',').map(String::from).collect())
         .unwrap_or_default();
     let dev = Device::Cpu;
     let t0 = Instant::now();
     let mut model = load_model(&path, &LoadOptions::default())?.model;
-    let vars = make_trainable(&mut model, |n| {
-        filter.is_empty() || filter.iter().any(|f| n.contains(f.as_str()))
-    })?;
+    let vars = match &lora {
+        Some(targets) => {
+            let cfg = LoraConfig {
+                r: rank,
+                lora_alpha: 2.0 * rank as f64,
+                target_modules: targets.split(',').map(String::from).collect(),
+                ..LoraConfig::default()
+            };
+            attach_lora(&mut model, &cfg)?
+        }
+        None => make_trainable(&mut model, |n| {
+            filter.is_empty() || filter.iter().any(|f| n.contains(f.as_str()))
+        })?,
+    };
     let trainable: usize = vars.iter().map(|(_, v)| v.as_tensor().elem_count()).sum();
     println!(
         "loaded {} in {:.1} s; {} trainable tensors, {trainable} parameters",
@@ -109,6 +136,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t2 = Instant::now();
         if rep == 0 {
             let (mut extra_n, mut extra_bytes, mut var_bytes) = (0usize, 0usize, 0usize);
+            let mut shapes = std::collections::BTreeMap::<Vec<usize>, (usize, usize)>::new();
             for id in grads.get_ids() {
                 let g = grads.get_id(*id).expect("listed id");
                 let bytes = g.elem_count() * g.dtype().size_in_bytes();
@@ -117,7 +145,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 } else {
                     extra_n += 1;
                     extra_bytes += bytes;
+                    let e = shapes.entry(g.dims().to_vec()).or_default();
+                    e.0 += 1;
+                    e.1 += bytes;
                 }
+            }
+            let mut shapes: Vec<_> = shapes.into_iter().collect();
+            shapes.sort_by_key(|(_, (_, b))| std::cmp::Reverse(*b));
+            for (dims, (n, bytes)) in shapes.iter().take(6) {
+                println!(
+                    "  other gradients of shape {dims:?}: {n} x, {} KiB",
+                    bytes >> 10
+                );
             }
             println!(
                 "warm-up: loss {loss_v:.4}; raw gradient store: {} MiB for trainable weights, \

@@ -48,9 +48,12 @@ impl RowCache {
     }
 }
 
-/// Whether the fused path applies to this model (f32 weights on the CPU).
+/// Whether the fused path applies to this model (f32 weights on the CPU, no enabled LoRA
+/// adapter: the fused path reads base weights only).
 pub fn supported(model: &CausalLm) -> bool {
-    matches!(model.device(), Device::Cpu) && model.dtype() == DType::F32
+    matches!(model.device(), Device::Cpu)
+        && model.dtype() == DType::F32
+        && !model.has_active_adapters()
 }
 
 /// Runs `f` on the f32 contents of a contiguous CPU tensor.

@@ -140,7 +140,7 @@ fn linear(
     } else {
         None
     };
-    Ok(Linear { weight, bias })
+    Ok(Linear::new(weight, bias))
 }
 
 impl CausalLm {
@@ -322,6 +322,48 @@ impl CausalLm {
         out
     }
 
+    /// Every linear layer of the decoder layers with its module path
+    /// (`model.layers.{i}.self_attn.q_proj`, ..., `model.layers.{i}.mlp.down_proj`), in
+    /// [`Self::named_weights`] order. The LM head is not included (it is a plain tensor).
+    pub fn linears(&self) -> Vec<(String, &Linear)> {
+        let mut out = Vec::with_capacity(7 * self.layers.len());
+        for (i, l) in self.layers.iter().enumerate() {
+            let (a, m) = (&l.self_attn, &l.mlp);
+            for (n, lin) in [
+                ("self_attn.q_proj", &a.q_proj),
+                ("self_attn.k_proj", &a.k_proj),
+                ("self_attn.v_proj", &a.v_proj),
+                ("self_attn.o_proj", &a.o_proj),
+                ("mlp.gate_proj", &m.gate_proj),
+                ("mlp.up_proj", &m.up_proj),
+                ("mlp.down_proj", &m.down_proj),
+            ] {
+                out.push((format!("model.layers.{i}.{n}"), lin));
+            }
+        }
+        out
+    }
+
+    /// Mutable [`Self::linears`] (attaching and merging LoRA adapters).
+    pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let mut out = Vec::with_capacity(7 * self.layers.len());
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let (a, m) = (&mut l.self_attn, &mut l.mlp);
+            for (n, lin) in [
+                ("self_attn.q_proj", &mut a.q_proj),
+                ("self_attn.k_proj", &mut a.k_proj),
+                ("self_attn.v_proj", &mut a.v_proj),
+                ("self_attn.o_proj", &mut a.o_proj),
+                ("mlp.gate_proj", &mut m.gate_proj),
+                ("mlp.up_proj", &mut m.up_proj),
+                ("mlp.down_proj", &mut m.down_proj),
+            ] {
+                out.push((format!("model.layers.{i}.{n}"), lin));
+            }
+        }
+        out
+    }
+
     /// Runs the decoder: `batch.ids [b, t]` -> final-normed hidden states `[b, t, hidden]`.
     ///
     /// With a cache, keys/values of this call are appended and attention covers the cached
@@ -353,7 +395,9 @@ impl CausalLm {
             let hs = ops::rms_norm(&x, &layer.input_layernorm, c.rms_norm_eps, grad)?;
             let a = &layer.self_attn;
             let heads = |p: &Linear, n: usize| -> Result<Tensor> {
-                Ok(p.forward(&hs)?.reshape((b, t, n, hd))?.transpose(1, 2)?)
+                Ok(p.forward_t(&hs, grad)?
+                    .reshape((b, t, n, hd))?
+                    .transpose(1, 2)?)
             };
             let mut q = heads(&a.q_proj, nh)?;
             let mut k = heads(&a.k_proj, nkv)?;
@@ -370,12 +414,13 @@ impl CausalLm {
             };
             let attn = ops::attention(&q, &k, &v, &batch.bias, grad)?;
             let attn = attn.transpose(1, 2)?.reshape((b, t, nh * hd))?;
-            x = (residual + a.o_proj.forward(&attn)?)?;
+            x = (residual + a.o_proj.forward_t(&attn, grad)?)?;
             let residual = x.clone();
             let hs = ops::rms_norm(&x, &layer.post_attention_layernorm, c.rms_norm_eps, grad)?;
             let m = &layer.mlp;
-            let act = (m.gate_proj.forward(&hs)?.silu()? * m.up_proj.forward(&hs)?)?;
-            x = (residual + m.down_proj.forward(&act)?)?;
+            let act =
+                (m.gate_proj.forward_t(&hs, grad)?.silu()? * m.up_proj.forward_t(&hs, grad)?)?;
+            x = (residual + m.down_proj.forward_t(&act, grad)?)?;
         }
         ops::rms_norm(&x, &self.norm, c.rms_norm_eps, grad)
     }
@@ -387,7 +432,13 @@ impl CausalLm {
         if let Some(y) = ops::inference_small_matmul(hidden, w, None)? {
             return Ok(y);
         }
-        let y = hidden.matmul(&w.t()?)?;
+        // A frozen head under a graph: backward computes d(hidden) only, not the [vocab, hidden]
+        // gradient of the head.
+        let y = if hidden.track_op() && !w.track_op() && ops::frozen_ops_enabled() {
+            ops::frozen_linear(&hidden.contiguous()?, w, None)?
+        } else {
+            hidden.matmul(&w.t()?)?
+        };
         Ok(y.to_dtype(ops::compute_dtype(y.dtype()))?)
     }
 

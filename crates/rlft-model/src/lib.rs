@@ -14,6 +14,8 @@
 //!   [`export`] writes any loaded model back as an HF directory.
 //! - [`trainable`]: trainable weights (`Var`s inside the model), per-token log-probs with a
 //!   graph, the masked NLL loss.
+//! - [`lora`]: LoRA adapters on the linear layers (PEFT semantics), merge, adapters on/off;
+//!   [`peft`] reads and writes them as PEFT adapter directories.
 //! - [`tiny`]: deterministic tiny random models for tests.
 
 pub mod config;
@@ -27,7 +29,9 @@ pub mod gguf_load;
 pub mod kernels;
 pub mod kv_cache;
 pub mod load;
+pub mod lora;
 pub mod ops;
+pub mod peft;
 pub mod safetensors_io;
 pub mod sampling;
 pub mod testing;
@@ -42,4 +46,5 @@ pub use generate::{generate, Completion, FinishReason, GenerateRequest};
 pub use generation_config::GenerationConfig;
 pub use kv_cache::KvCache;
 pub use load::{load_model, LoadedModel};
+pub use lora::{LoraAdapter, LoraConfig};
 pub use sampling::SamplingParams;

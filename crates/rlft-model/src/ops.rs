@@ -3,41 +3,326 @@
 //! Each op has two paths. `grad = false` uses candle's fused CPU/CUDA kernels, which are fast but
 //! have no backward (candle 0.11 drops their gradient silently). `grad = true` uses composites of
 //! differentiable ops. Tests check both paths agree.
+//!
+//! Constants under a graph (frozen weights, rotary tables, masks) go through ops whose only graph
+//! input is the variable operand ([`frozen_linear`], [`mul_const`], [`add_const`]): candle's own
+//! backward computes a gradient for every operand of a tracked op, trainable or not, which for a
+//! frozen weight is a full `[out, in]` gemm per call.
 
-use candle_core::{DType, Device, Tensor, D};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use candle_core::backend::BackendStorage;
+use candle_core::{
+    CpuStorage, CudaStorage, CustomOp1, DType, Device, Layout, MetalStorage, Shape, Storage,
+    Tensor, D,
+};
 
 use crate::config::{RopeConfig, RopeScaling};
-use crate::error::Result;
+use crate::error::{ModelError, Result};
+use crate::lora::LoraAdapter;
 
-/// A dense layer in HF layout: `weight [out, in]`, optional `bias [out]`.
+/// A dense layer in HF layout: `weight [out, in]`, optional `bias [out]`, optional LoRA adapter.
 #[derive(Debug, Clone)]
 pub struct Linear {
     /// `[out, in]`.
     pub weight: Tensor,
     /// `[out]`.
     pub bias: Option<Tensor>,
+    /// A LoRA adapter added to the output when enabled (see [`crate::lora`]).
+    pub lora: Option<LoraAdapter>,
 }
 
 impl Linear {
-    /// `x [.., in] -> [.., out]`, as one gemm over all leading dims.
+    /// A layer without adapter.
+    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Linear {
+            weight,
+            bias,
+            lora: None,
+        }
+    }
+
+    /// The attached adapter if it is enabled.
+    pub fn active_lora(&self) -> Option<&LoraAdapter> {
+        self.lora.as_ref().filter(|l| l.enabled)
+    }
+
+    /// `x [.., in] -> [.., out]`, as one gemm over all leading dims, plus the enabled adapter's
+    /// `scaling * dropout(x) @ A^T @ B^T`. Same as [`Self::forward_t`] with `grad = true`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_t(x, true)
+    }
+
+    /// `x [.., in] -> [.., out]`. `grad = false` (inference) uses the adapter's tensors detached,
+    /// so adapters held as `Var`s record no graph and the streaming decode kernel stays usable
+    /// for the base weight; `grad = true` (training) applies dropout when the adapter has a
+    /// dropout seed ([`crate::lora::set_dropout_seed`]).
+    ///
+    /// The base product picks its kernel by what needs a gradient: a frozen weight with an input
+    /// that tracks a graph goes through [`frozen_linear`] (backward computes `dx` only);
+    /// nothing tracked and few rows take the streaming kernel; otherwise candle's matmul.
+    pub fn forward_t(&self, x: &Tensor, grad: bool) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let in_dim = *dims.last().expect("rank >= 1");
         let rows: usize = dims[..dims.len() - 1].iter().product();
         let x2 = x.contiguous()?.reshape((rows, in_dim))?;
-        let y = match inference_small_matmul(&x2, &self.weight, self.bias.as_ref())? {
-            Some(y) => y,
-            None => {
-                let mut y = x2.matmul(&self.weight.t()?)?;
-                if let Some(b) = &self.bias {
-                    y = y.broadcast_add(b)?;
-                }
-                y
-            }
-        };
+        let mut y = self.base_forward(&x2)?;
+        if let Some(lora) = self.active_lora() {
+            y = lora.add_delta(&y, &x2, grad)?;
+        }
         let mut out_dims = dims;
         *out_dims.last_mut().expect("rank >= 1") = self.weight.dim(0)?;
         Ok(y.reshape(out_dims)?)
+    }
+
+    /// `x [rows, in] @ W^T (+ b)` without the adapter.
+    fn base_forward(&self, x2: &Tensor) -> Result<Tensor> {
+        if x2.track_op() && !self.weight.track_op() && frozen_ops_enabled() {
+            let frozen_bias = self.bias.as_ref().filter(|b| !b.track_op());
+            let y = frozen_linear(x2, &self.weight, frozen_bias)?;
+            return match &self.bias {
+                Some(b) if b.track_op() => Ok(y.broadcast_add(b)?),
+                _ => Ok(y),
+            };
+        }
+        if let Some(y) = inference_small_matmul(x2, &self.weight, self.bias.as_ref())? {
+            return Ok(y);
+        }
+        let mut y = x2.matmul(&self.weight.t()?)?;
+        if let Some(b) = &self.bias {
+            y = y.broadcast_add(b)?;
+        }
+        Ok(y)
+    }
+}
+
+static FROZEN_OPS: AtomicBool = AtomicBool::new(true);
+
+/// Turns the constant-operand ops ([`frozen_linear`], [`mul_const`], [`add_const`]) on or off
+/// for the whole process (on by default). Off, frozen weights, rotary tables and masks go
+/// through candle's ops, whose backward also computes (and discards) their gradients: only for
+/// A/B measurements (`examples/fwd_bwd_bench.rs --no-frozen-op`).
+pub fn set_frozen_ops(enabled: bool) {
+    FROZEN_OPS.store(enabled, Ordering::Relaxed);
+}
+
+/// Whether [`set_frozen_ops`] left the constant-operand ops on.
+pub fn frozen_ops_enabled() -> bool {
+    FROZEN_OPS.load(Ordering::Relaxed)
+}
+
+/// `x [m, k] @ w [n, k]^T (+ bias [n]) -> [m, n]` where `w` and `bias` are constants: the op's
+/// only graph input is `x`, so backward computes `dx = dy @ w` and neither `dw` (an `[n, k]`
+/// gemm and allocation per call) nor a bias gradient, and the gradient store holds nothing for
+/// them. candle's own matmul would compute both, needed or not.
+///
+/// The forward is candle's matmul on the storage (the same gemm call `x.matmul(&w.t())` makes,
+/// so results are bit-identical), on whatever device the tensors live.
+pub fn frozen_linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (m, k) = x.dims2()?;
+    let (n, k2) = w.dims2()?;
+    if k != k2 {
+        return Err(ModelError::Invalid(format!(
+            "frozen_linear: x is [{m}, {k}] but the weight is [{n}, {k2}]"
+        )));
+    }
+    let op = FrozenLinear {
+        weight: w.detach(),
+        bias: bias.map(Tensor::detach),
+    };
+    Ok(x.apply_op1(op)?)
+}
+
+/// The custom op behind [`frozen_linear`]: captures the constant weight and bias.
+struct FrozenLinear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl FrozenLinear {
+    /// `x @ w^T (+ b)` on one backend's storage.
+    fn fwd<S: BackendStorage>(
+        x: &S,
+        xl: &Layout,
+        w: (&S, &Layout),
+        bias: Option<(&S, &Layout)>,
+    ) -> candle_core::Result<(S, Shape)> {
+        let (m, k) = xl.shape().dims2()?;
+        let n = w.1.dims()[0];
+        let wt = w.1.transpose(0, 1)?;
+        let y = x.matmul(w.0, (1, m, n, k), xl, &wt)?;
+        let y = match bias {
+            Some((b, bl)) => y.binary_impl::<candle_core::op::Add>(
+                b,
+                &Layout::contiguous((m, n)),
+                &bl.broadcast_as((m, n))?,
+            )?,
+            None => y,
+        };
+        Ok((y, Shape::from((m, n))))
+    }
+}
+
+/// Borrows the storage of `$t` as the `$variant` backend or fails with the op's name.
+macro_rules! backend_storage {
+    ($guard:expr, $variant:ident) => {
+        match &*$guard {
+            Storage::$variant(s) => s,
+            _ => candle_core::bail!("constant operand and input on different devices"),
+        }
+    };
+}
+
+impl CustomOp1 for FrozenLinear {
+    fn name(&self) -> &'static str {
+        "frozen-linear"
+    }
+
+    fn cpu_fwd(&self, x: &CpuStorage, xl: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (wg, wl) = self.weight.storage_and_layout();
+        let w = backend_storage!(wg, Cpu);
+        match &self.bias {
+            Some(b) => {
+                let (bg, bl) = b.storage_and_layout();
+                Self::fwd(x, xl, (w, wl), Some((backend_storage!(bg, Cpu), bl)))
+            }
+            None => Self::fwd(x, xl, (w, wl), None),
+        }
+    }
+
+    fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        let (wg, wl) = self.weight.storage_and_layout();
+        let w = backend_storage!(wg, Cuda);
+        match &self.bias {
+            Some(b) => {
+                let (bg, bl) = b.storage_and_layout();
+                Self::fwd(x, xl, (w, wl), Some((backend_storage!(bg, Cuda), bl)))
+            }
+            None => Self::fwd(x, xl, (w, wl), None),
+        }
+    }
+
+    fn metal_fwd(
+        &self,
+        x: &MetalStorage,
+        xl: &Layout,
+    ) -> candle_core::Result<(MetalStorage, Shape)> {
+        let (wg, wl) = self.weight.storage_and_layout();
+        let w = backend_storage!(wg, Metal);
+        match &self.bias {
+            Some(b) => {
+                let (bg, bl) = b.storage_and_layout();
+                Self::fwd(x, xl, (w, wl), Some((backend_storage!(bg, Metal), bl)))
+            }
+            None => Self::fwd(x, xl, (w, wl), None),
+        }
+    }
+
+    /// `dx = dy @ w`, the same product candle's matmul backward computes for its left operand.
+    fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(dy.contiguous()?.matmul(&self.weight)?))
+    }
+}
+
+/// `x * c`, `c` broadcast to `x`'s shape, for a constant `c` (frozen norm weight, rotary
+/// table): when `x` tracks a graph and `c` does not, the op's only graph input is `x`, so
+/// backward computes `dx = dy * c` and not the `x`-sized gradient of `c`'s broadcast view
+/// (candle's `broadcast_mul` computes and keeps it). Same values as `x.broadcast_mul(c)`.
+pub fn mul_const(x: &Tensor, c: &Tensor) -> Result<Tensor> {
+    const_binary(x, c, ConstOp::Mul)
+}
+
+/// `x + c`, `c` broadcast to `x`'s shape, for a constant `c` (attention mask): as [`mul_const`],
+/// backward passes `dy` to `x` only. Same values as `x.broadcast_add(c)`.
+pub fn add_const(x: &Tensor, c: &Tensor) -> Result<Tensor> {
+    const_binary(x, c, ConstOp::Add)
+}
+
+#[derive(Debug, Clone, Copy)]
+enum ConstOp {
+    Mul,
+    Add,
+}
+
+/// Whether `small` broadcasts to `big` (numpy rules) without `big` growing.
+fn broadcasts_to(small: &[usize], big: &[usize]) -> bool {
+    small.len() <= big.len()
+        && small
+            .iter()
+            .rev()
+            .zip(big.iter().rev())
+            .all(|(&s, &b)| s == b || s == 1)
+}
+
+fn const_binary(x: &Tensor, c: &Tensor, op: ConstOp) -> Result<Tensor> {
+    let custom = x.track_op()
+        && !c.track_op()
+        && frozen_ops_enabled()
+        && x.dtype() == c.dtype()
+        && broadcasts_to(c.dims(), x.dims());
+    if !custom {
+        return Ok(match op {
+            ConstOp::Mul => x.broadcast_mul(c)?,
+            ConstOp::Add => x.broadcast_add(c)?,
+        });
+    }
+    Ok(x.apply_op1(ConstBinary { c: c.detach(), op })?)
+}
+
+/// The custom op behind [`mul_const`] / [`add_const`]: captures the constant.
+struct ConstBinary {
+    c: Tensor,
+    op: ConstOp,
+}
+
+impl ConstBinary {
+    fn fwd<S: BackendStorage>(
+        &self,
+        x: &S,
+        xl: &Layout,
+        c: (&S, &Layout),
+    ) -> candle_core::Result<(S, Shape)> {
+        let cl = c.1.broadcast_as(xl.shape().clone())?;
+        let y = match self.op {
+            ConstOp::Mul => x.binary_impl::<candle_core::op::Mul>(c.0, xl, &cl)?,
+            ConstOp::Add => x.binary_impl::<candle_core::op::Add>(c.0, xl, &cl)?,
+        };
+        Ok((y, xl.shape().clone()))
+    }
+}
+
+impl CustomOp1 for ConstBinary {
+    fn name(&self) -> &'static str {
+        match self.op {
+            ConstOp::Mul => "mul-const",
+            ConstOp::Add => "add-const",
+        }
+    }
+
+    fn cpu_fwd(&self, x: &CpuStorage, xl: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (cg, cl) = self.c.storage_and_layout();
+        self.fwd(x, xl, (backend_storage!(cg, Cpu), cl))
+    }
+
+    fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        let (cg, cl) = self.c.storage_and_layout();
+        self.fwd(x, xl, (backend_storage!(cg, Cuda), cl))
+    }
+
+    fn metal_fwd(
+        &self,
+        x: &MetalStorage,
+        xl: &Layout,
+    ) -> candle_core::Result<(MetalStorage, Shape)> {
+        let (cg, cl) = self.c.storage_and_layout();
+        self.fwd(x, xl, (backend_storage!(cg, Metal), cl))
+    }
+
+    fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        Ok(Some(match self.op {
+            ConstOp::Mul => dy.broadcast_mul(&self.c)?,
+            ConstOp::Add => dy.clone(),
+        }))
     }
 }
 
@@ -78,7 +363,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, grad: bool) -> Result<Ten
     let xf = x.to_dtype(compute_dtype(dtype))?;
     let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
     let normed = xf.broadcast_div(&(var + eps)?.sqrt()?)?.to_dtype(dtype)?;
-    Ok(normed.broadcast_mul(weight)?)
+    mul_const(&normed, weight)
 }
 
 /// Inverse frequencies `[head_dim / 2]` in f32, following transformers' rope init functions.
@@ -140,7 +425,7 @@ pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, grad: bool) -> Result<
     let cos = Tensor::cat(&[&cos, &cos], D::Minus1)?.unsqueeze(1)?;
     let sin = Tensor::cat(&[&sin, &sin], D::Minus1)?.unsqueeze(1)?;
     let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-    Ok((x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?)?)
+    Ok((mul_const(x, &cos)? + mul_const(&rotated, &sin)?)?)
 }
 
 /// Softmax over the last dim.
@@ -168,11 +453,13 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, grad: bool) 
     // [b, kvh, groups * t, d]: rows are (group, position) pairs.
     let qg = q.contiguous()?.reshape((b, kvh, groups * t, d))?;
     let scores = (qg.matmul(&k.t()?)? * scale)?;
-    let scores = scores
-        .to_dtype(cdt)?
-        .reshape((b, kvh, groups, t, big_t))?
-        .broadcast_add(&bias.to_dtype(cdt)?.unsqueeze(1)?)?
-        .reshape((b, kvh, groups * t, big_t))?;
+    let scores = scores.to_dtype(cdt)?.reshape((b, kvh, groups, t, big_t))?;
+    let scores = add_const(&scores, &bias.to_dtype(cdt)?.unsqueeze(1)?)?.reshape((
+        b,
+        kvh,
+        groups * t,
+        big_t,
+    ))?;
     let probs = softmax(&scores, grad)?.to_dtype(dtype)?;
     let out = probs.matmul(&v.contiguous()?)?;
     Ok(out.reshape((b, h, t, d))?)

@@ -59,13 +59,20 @@ pub fn make_trainable(
     Ok(out)
 }
 
-/// A copy of `model` whose weights share storage with it but are plain tensors (no `Var`), for
-/// no-grad passes (old-policy and reference log-probs) on a model being trained: they take the
-/// fused inference kernels and record no graph, yet see every optimizer update.
+/// A copy of `model` whose weights (and LoRA adapters) share storage with it but are plain
+/// tensors (no `Var`), for no-grad passes (old-policy and reference log-probs) on a model being
+/// trained: they take the fused inference kernels and record no graph, yet see every optimizer
+/// update.
 pub fn detached(model: &CausalLm) -> CausalLm {
     let mut m = model.clone();
     for (_, w) in m.weights_mut() {
         *w = w.detach();
+    }
+    for (_, lin) in m.linears_mut() {
+        if let Some(l) = &mut lin.lora {
+            l.a = l.a.detach();
+            l.b = l.b.detach();
+        }
     }
     m
 }

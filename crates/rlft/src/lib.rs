@@ -6,6 +6,9 @@
 //!
 //! - [`sft_data`]: prompt-completion and conversational rows -> `(input_ids, loss_mask)`, loss on
 //!   completion / assistant tokens only, with a length policy that counts what it drops.
+//! - [`config`]: typed TOML configs (TRL names; unknown keys name the closest valid one).
+//! - [`sft`]: the SFT trainer.
 
 pub mod config;
+pub mod sft;
 pub mod sft_data;
