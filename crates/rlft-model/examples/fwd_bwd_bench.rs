@@ -3,16 +3,19 @@
 //! seed), loss = -mean log-prob of the 64 "completion" tokens (positions 64..127) of each row.
 //!
 //! `cargo run --release -p rlft-model --example fwd_bwd_bench [-- MODEL [NAME_SUBSTRING,...]
-//! [--trainable NAME_SUBSTRING,...] [--lora TARGETS] [--rank R] [--no-frozen-op]]`
+//! [--trainable NAME_SUBSTRING,...] [--lora TARGETS] [--rank R] [--no-frozen-op] [--ab]
+//! [--reps N]]`
 //!
 //! MODEL defaults to `RLFT_DEFAULT_MODEL` or the cached default model
 //! (`scripts/fetch-default-model.sh`). Name substrings (positional or `--trainable`) select the
 //! trainable weights (`q_proj,v_proj`); default all. `--lora q_proj,v_proj` (or `all-linear`)
 //! trains LoRA adapters of rank `--rank` (default 16, alpha = 2 * rank) instead, base frozen.
-//! `--no-frozen-op` sends frozen weights through candle's matmul (which also computes their
-//! gradients), to measure what [`rlft_model::ops::frozen_linear`] saves. One untimed warm-up,
-//! then 3 timed reps; prints the medians, peak RSS (VmHWM, reset after loading as bench.py does)
-//! and what candle's raw gradient store holds beyond the trainable weights.
+//! `--no-frozen-op` sends frozen weights, rotary tables and masks through candle's ops (which
+//! also compute their gradients), to measure what [`rlft_model::ops::frozen_linear`] and
+//! friends save; `--ab` alternates both modes rep by rep in one process. One untimed warm-up
+//! (per mode), then `--reps` (default 3) timed reps; prints the medians (wall, and CPU seconds
+//! of the backward, which machine noise disturbs less), peak RSS (VmHWM, reset after loading as
+//! bench.py does) and what candle's raw gradient store holds beyond the trainable weights.
 //!
 //! Simplification: the model sees 127 positions (the last token's hidden state predicts
 //! nothing), where bench.py runs all 128 and computes logits for every position.
@@ -30,7 +33,6 @@ use rlft_model::trainable::{make_trainable, masked_mean_nll, sequence_logprobs};
 const BATCH: usize = 8;
 const SEQ: usize = 128;
 const PROMPT: usize = 64;
-const REPS: usize = 3;
 
 fn model_path(arg: Option<String>) -> PathBuf {
     if let Some(p) = arg.or_else(|| std::env::var("RLFT_DEFAULT_MODEL").ok()) {
@@ -54,6 +56,19 @@ fn status_kib(key: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU seconds (user + system, all threads) this process has used: `/proc/self/stat` fields 14
+/// and 15, in clock ticks of 1/100 s (Linux on x86).
+fn cpu_seconds() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = s.rsplit(')').next().unwrap_or("");
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // `after` starts at field 3 (state), so fields 14/15 are at indices 11/12.
+    (f.get(11).unwrap_or(&0) + f.get(12).unwrap_or(&0)) as f64 / 100.0
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -61,6 +76,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut positional, mut trainable, mut lora, mut rank) = (Vec::new(), None, None, 16usize);
+    let (mut ab, mut reps) = (false, 3usize);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -68,6 +84,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--lora" => lora = args.next(),
             "--rank" => rank = args.next().and_then(|r| r.parse().ok()).expect("--rank N"),
             "--no-frozen-op" => rlft_model::ops::set_frozen_ops(false),
+            "--ab" => ab = true,
+            "--reps" => reps = args.next().and_then(|r| r.parse().ok()).expect("--reps N"),
             _ => positional.push(a),
         }
     }
@@ -123,18 +141,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rss_after_load = status_kib("VmRSS");
     // Reset VmHWM to the current RSS (as bench.py does), so the peak covers the benchmark only.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
-    let (mut fwd, mut bwd, mut total) = (Vec::new(), Vec::new(), Vec::new());
+    // Per mode (frozen ops on / off): forward, backward, total wall seconds, backward CPU seconds.
+    let mut times: [Vec<[f64; 4]>; 2] = [Vec::new(), Vec::new()];
     let var_ids: std::collections::HashSet<_> =
         vars.iter().map(|(_, v)| v.as_tensor().id()).collect();
-    for rep in 0..=REPS {
+    // With --ab the modes alternate rep by rep in one process (after one warm-up each), so
+    // machine noise and allocator state hit both alike.
+    let modes: Vec<bool> = if ab {
+        (0..2 * (reps + 1)).map(|i| i % 2 == 1).collect()
+    } else {
+        vec![rlft_model::ops::frozen_ops_enabled(); reps + 1]
+    };
+    for (i, &frozen) in modes.iter().enumerate() {
+        rlft_model::ops::set_frozen_ops(frozen);
+        let warm_up = i < if ab { 2 } else { 1 };
         let t0 = Instant::now();
         let lp = sequence_logprobs(&model, &batch, &targets, true)?;
         let loss = masked_mean_nll(&lp, &mask)?;
         let loss_v = loss.to_scalar::<f32>()?;
         let t1 = Instant::now();
+        let c1 = cpu_seconds();
         let grads = loss.backward()?;
         let t2 = Instant::now();
-        if rep == 0 {
+        let bwd_cpu = cpu_seconds() - c1;
+        if warm_up {
             let (mut extra_n, mut extra_bytes, mut var_bytes) = (0usize, 0usize, 0usize);
             let mut shapes = std::collections::BTreeMap::<Vec<usize>, (usize, usize)>::new();
             for id in grads.get_ids() {
@@ -159,33 +189,45 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 );
             }
             println!(
-                "warm-up: loss {loss_v:.4}; raw gradient store: {} MiB for trainable weights, \
-                 {extra_n} other entries holding {} MiB",
+                "warm-up (frozen ops {}): loss {loss_v:.4}; raw gradient store: {} MiB for \
+                 trainable weights, {extra_n} other entries holding {} MiB",
+                if frozen { "on" } else { "off" },
                 var_bytes >> 20,
                 extra_bytes >> 20
             );
         } else {
-            fwd.push((t1 - t0).as_secs_f64());
-            bwd.push((t2 - t1).as_secs_f64());
-            total.push((t2 - t0).as_secs_f64());
+            let (f, b) = ((t1 - t0).as_secs_f64(), (t2 - t1).as_secs_f64());
+            times[frozen as usize].push([f, b, f + b, bwd_cpu]);
             println!(
-                "rep {rep}: forward {:.0} ms, backward {:.0} ms, total {:.0} ms",
-                (t1 - t0).as_secs_f64() * 1e3,
-                (t2 - t1).as_secs_f64() * 1e3,
-                (t2 - t0).as_secs_f64() * 1e3
+                "rep {i} (frozen ops {}): forward {:.0} ms, backward {:.0} ms ({:.1} CPU s), \
+                 total {:.0} ms",
+                if frozen { "on" } else { "off" },
+                f * 1e3,
+                b * 1e3,
+                bwd_cpu,
+                (f + b) * 1e3
             );
         }
         drop(grads);
     }
+    for (frozen, t) in times.iter().enumerate() {
+        if t.is_empty() {
+            continue;
+        }
+        let col = |j: usize| median(t.iter().map(|r| r[j]).collect());
+        println!(
+            "frozen ops {}: fwd+bwd median {:.0} ms (forward {:.0} ms, backward {:.0} ms, \
+             backward CPU {:.1} s) over {} reps; {:.0} tokens/s",
+            if frozen == 1 { "on" } else { "off" },
+            col(2) * 1e3,
+            col(0) * 1e3,
+            col(1) * 1e3,
+            col(3),
+            t.len(),
+            (BATCH * SEQ) as f64 / col(2)
+        );
+    }
     let peak = status_kib("VmHWM");
-    println!(
-        "fwd+bwd median {:.0} ms (forward {:.0} ms, backward {:.0} ms) over {REPS} reps; \
-         {:.0} tokens/s",
-        median(total.clone()) * 1e3,
-        median(fwd) * 1e3,
-        median(bwd) * 1e3,
-        (BATCH * SEQ) as f64 / median(total)
-    );
     println!(
         "RSS after load {} MiB; peak RSS during the benchmark (VmHWM) {} MiB",
         rss_after_load >> 10,
