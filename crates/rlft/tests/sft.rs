@@ -14,7 +14,10 @@ fn write_dataset(path: &Path, n: usize) {
     let mut s = String::new();
     for i in 0..n {
         let (a, b) = (i * 7 % 23, i * 5 % 17);
-        s.push_str(&serde_json::json!({"prompt": format!("{a}+{b}="), "completion": format!("{}", a + b)}).to_string());
+        s.push_str(
+            &serde_json::json!({"prompt": format!("{a}+{b}="), "completion": format!("{}", a + b)})
+                .to_string(),
+        );
         s.push('\n');
     }
     std::fs::write(path, s).unwrap();
@@ -47,7 +50,12 @@ fn run(cfg: &SftConfig, opts: &RunOptions) -> (rlft::sft::SftSummary, Vec<(Strin
     let w = p
         .vars
         .iter()
-        .map(|(n, v)| (n.clone(), v.as_tensor().flatten_all().unwrap().to_vec1().unwrap()))
+        .map(|(n, v)| {
+            (
+                n.clone(),
+                v.as_tensor().flatten_all().unwrap().to_vec1().unwrap(),
+            )
+        })
         .collect();
     (s, w)
 }
@@ -114,7 +122,11 @@ fn batch_times_accumulation_is_invariant() {
     // rounding noise, which Adam normalises into updates of up to ~lr * g / (|g| + eps).
     let tol = 0.05 * cfg_a.learning_rate as f32;
     for ((n, x), (_, y)) in wa.iter().zip(&wb) {
-        let d = x.iter().zip(y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        let d = x
+            .iter()
+            .zip(y)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
         let limit = if n.contains("k_proj.bias") { tol } else { 1e-5 };
         assert!(d < limit, "{n}: {d}");
     }
@@ -128,7 +140,11 @@ fn lora_trains_adapters_only() {
     cfg.lora.r = 4;
     cfg.learning_rate = 1e-2;
     let (s, w) = run(&cfg, &RunOptions::default());
-    assert!(w.iter().all(|(n, _)| n.contains("lora_")), "{:?}", w.iter().map(|x| &x.0).collect::<Vec<_>>());
+    assert!(
+        w.iter().all(|(n, _)| n.contains("lora_")),
+        "{:?}",
+        w.iter().map(|x| &x.0).collect::<Vec<_>>()
+    );
     assert!(s.final_eval_loss.unwrap() < s.initial_eval_loss.unwrap());
     assert!(cfg.output_dir.join("adapter/adapter_config.json").exists());
     assert!(cfg.output_dir.join("final/model.safetensors").exists());
@@ -140,9 +156,15 @@ fn bad_data_is_reported() {
     let mut cfg = setup(dir.path());
     std::fs::write(&cfg.dataset, "{\"question\": \"x\", \"answer\": \"y\"}\n").unwrap();
     cfg.eval_size = 0.0;
-    let e = prepare(&cfg, Path::new(&cfg.model), &Device::Cpu).err().unwrap().to_string();
+    let e = prepare(&cfg, Path::new(&cfg.model), &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("question") && e.contains("completion"), "{e}");
     std::fs::write(&cfg.dataset, "").unwrap();
-    let e = prepare(&cfg, Path::new(&cfg.model), &Device::Cpu).err().unwrap().to_string();
+    let e = prepare(&cfg, Path::new(&cfg.model), &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("empty"), "{e}");
 }

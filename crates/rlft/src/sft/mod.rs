@@ -159,7 +159,12 @@ impl Loop<'_> {
         let total_targets: usize = micro
             .iter()
             .flatten()
-            .map(|&i| self.p.train[i].loss_mask[1..].iter().filter(|&&m| m).count())
+            .map(|&i| {
+                self.p.train[i].loss_mask[1..]
+                    .iter()
+                    .filter(|&&m| m)
+                    .count()
+            })
             .sum();
         let vars: Vec<Var> = self.p.vars.iter().map(|(_, v)| v.clone()).collect();
         let mut acc = GradAccumulator::new(vars.clone());
@@ -224,9 +229,8 @@ impl Loop<'_> {
 /// model under `output_dir`.
 pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<SftSummary> {
     let start = Instant::now();
-    let manager = CheckpointManager::new(&cfg.output_dir).keep_last(
-        (cfg.save_total_limit > 0).then_some(cfg.save_total_limit),
-    );
+    let manager = CheckpointManager::new(&cfg.output_dir)
+        .keep_last((cfg.save_total_limit > 0).then_some(cfg.save_total_limit));
     let resume_from = if opts.resume {
         latest_checkpoint(&cfg.output_dir)?
     } else {
@@ -260,7 +264,11 @@ pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Sft
         }
         state = ck.trainer_state;
         pos = state.rlft.data_position;
-        eprintln!("resumed from {} (step {})", dir.display(), state.global_step);
+        eprintln!(
+            "resumed from {} (step {})",
+            dir.display(),
+            state.global_step
+        );
     } else {
         initial_eval = eval_loss(&p.model, &p.eval, cfg.per_device_train_batch_size, p.pad_id)?;
         if let Some(l) = initial_eval {
@@ -304,7 +312,11 @@ pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Sft
     let per_epoch = lp.p.train.len() as f64;
     let mut ran = 0u64;
     while lp.state.global_step < total {
-        if opts.shutdown.as_ref().is_some_and(ShutdownFlag::is_requested) {
+        if opts
+            .shutdown
+            .as_ref()
+            .is_some_and(ShutdownFlag::is_requested)
+        {
             summary.interrupted = true;
             break;
         }
@@ -336,7 +348,12 @@ pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Sft
         ];
         let eval_now = cfg.eval_steps > 0 && step % cfg.eval_steps as u64 == 0;
         if eval_now {
-            if let Some(l) = eval_loss(&lp.p.model, &lp.p.eval, cfg.per_device_train_batch_size, lp.p.pad_id)? {
+            if let Some(l) = eval_loss(
+                &lp.p.model,
+                &lp.p.eval,
+                cfg.per_device_train_batch_size,
+                lp.p.pad_id,
+            )? {
                 values.push(("eval_loss", l));
             }
         }
@@ -359,8 +376,12 @@ pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Sft
     // Save where we stopped (end, Ctrl-C or stop_after) so the run can resume.
     manager.save(&lp.checkpoint()?)?;
     if lp.state.global_step >= total {
-        summary.final_eval_loss =
-            eval_loss(&lp.p.model, &lp.p.eval, cfg.per_device_train_batch_size, lp.p.pad_id)?;
+        summary.final_eval_loss = eval_loss(
+            &lp.p.model,
+            &lp.p.eval,
+            cfg.per_device_train_batch_size,
+            lp.p.pad_id,
+        )?;
         if let Some(l) = summary.final_eval_loss {
             metrics.log(lp.state.global_step, lp.state.epoch, &[("eval_loss", l)])?;
         }

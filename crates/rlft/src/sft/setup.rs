@@ -13,7 +13,9 @@ use serde_json::Value;
 
 use super::{Result, SftError};
 use crate::config::sft::SftConfig;
-use crate::sft_data::{build_example, fit_length, LengthPolicy, LengthReport, SftExample, SftFormat};
+use crate::sft_data::{
+    build_example, fit_length, LengthPolicy, LengthReport, SftExample, SftFormat,
+};
 
 /// A model and data ready to train.
 pub struct Prepared {
@@ -117,7 +119,11 @@ pub fn prepare(cfg: &SftConfig, model_path: &Path, device: &Device) -> Result<Pr
         let ac = rlft_model::peft::adapter_config_json(&l, &modules, Some(&cfg.model));
         (vars, Some(l), Some(ac))
     } else {
-        (rlft_model::trainable::make_trainable(&mut model, |_| true)?, None, None)
+        (
+            rlft_model::trainable::make_trainable(&mut model, |_| true)?,
+            None,
+            None,
+        )
     };
     let full = load_dataset(&cfg.dataset, Some(&cfg.dataset_split))?;
     let (train_ds, eval_ds) = match (&cfg.eval_dataset, &cfg.eval_split) {
@@ -143,7 +149,9 @@ pub fn prepare(cfg: &SftConfig, model_path: &Path, device: &Device) -> Result<Pr
     let total_steps = if cfg.max_steps > 0 {
         cfg.max_steps
     } else {
-        ((steps_per_epoch as f64) * cfg.num_train_epochs).ceil().max(1.0) as usize
+        ((steps_per_epoch as f64) * cfg.num_train_epochs)
+            .ceil()
+            .max(1.0) as usize
     };
     let trainable: usize = vars.iter().map(|(_, v)| v.elem_count()).sum();
     eprintln!(
@@ -233,8 +241,18 @@ pub fn export_final(cfg: &SftConfig, p: &Prepared) -> Result<PathBuf> {
         let mut merged = plain;
         rlft_model::lora::merge_lora(&mut merged)?;
         let out = cfg.output_dir.join("final");
-        rlft_model::export::save_hf_dir(&merged, &p.loaded.text, &p.loaded.generation, &out, &opts)?;
-        eprintln!("wrote adapter {} and merged model {}", adapter.display(), out.display());
+        rlft_model::export::save_hf_dir(
+            &merged,
+            &p.loaded.text,
+            &p.loaded.generation,
+            &out,
+            &opts,
+        )?;
+        eprintln!(
+            "wrote adapter {} and merged model {}",
+            adapter.display(),
+            out.display()
+        );
         Ok(out)
     } else {
         let out = cfg.output_dir.join("final");
