@@ -83,7 +83,7 @@ fn generate_is_seeded_and_reports_json() {
         assert_eq!(lines.len(), 4);
         for l in &lines {
             let n = l["token_ids"].as_array().unwrap().len();
-            assert!(n >= 1 && n <= 8);
+            assert!((1..=8).contains(&n));
             assert_eq!(l["logprobs"].as_array().unwrap().len(), n);
             assert!(["stop", "length"].contains(&l["finish_reason"].as_str().unwrap()));
         }

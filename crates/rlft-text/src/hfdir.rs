@@ -15,6 +15,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use tokenizers::Tokenizer;
 
+/// Token ids with each token's byte range in the encoded text.
+pub type IdsWithOffsets = (Vec<u32>, Vec<(usize, usize)>);
+
 /// A tokenizer and what travels with it.
 #[derive(Clone)]
 pub struct TextBundle {
@@ -359,7 +362,7 @@ impl TextBundle {
     }
 
     /// Token ids of `text` (no special tokens added) with each token's byte range in `text`.
-    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<(usize, usize)>)> {
+    pub fn encode_with_offsets(&self, text: &str) -> Result<IdsWithOffsets> {
         let enc = self
             .tokenizer
             .encode(text, false)

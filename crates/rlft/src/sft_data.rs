@@ -267,7 +267,7 @@ pub fn build_example(
                             full.push_str(eos);
                         }
                     }
-                    tokenize_with_spans(text, &full, &[p.len()..full.len()])
+                    tokenize_with_spans(text, &full, std::slice::from_ref(&(p.len()..full.len())))
                 }
                 (Value::Array(_), _) => {
                     let tpl = template.ok_or(SftDataError::NoTemplate { row: row_index })?;
@@ -286,7 +286,11 @@ pub fn build_example(
                             turns: all.len(),
                         });
                     }
-                    tokenize_with_spans(text, &full, &[before.len()..full.len()])
+                    tokenize_with_spans(
+                        text,
+                        &full,
+                        std::slice::from_ref(&(before.len()..full.len())),
+                    )
                 }
                 _ => Err(SftDataError::BadRow {
                     row: row_index,

@@ -346,7 +346,7 @@ pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Sft
             ("tokens_per_s", tokens as f64 / dt.max(1e-9)),
             ("skipped_steps", summary.skipped_steps as f64),
         ];
-        let eval_now = cfg.eval_steps > 0 && step % cfg.eval_steps as u64 == 0;
+        let eval_now = cfg.eval_steps > 0 && step.is_multiple_of(cfg.eval_steps as u64);
         if eval_now {
             if let Some(l) = eval_loss(
                 &lp.p.model,
@@ -357,7 +357,7 @@ pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Sft
                 values.push(("eval_loss", l));
             }
         }
-        if step % cfg.logging_steps.max(1) as u64 == 0 || eval_now || step == total {
+        if step.is_multiple_of(cfg.logging_steps.max(1) as u64) || eval_now || step == total {
             metrics.log(step, lp.state.epoch, &values)?;
             let mut entry = serde_json::Map::new();
             for (k, v) in &values {
@@ -368,7 +368,7 @@ pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Sft
             lp.state.log_history.push(entry);
         }
         progress.update(step, &format!("loss {loss:.4} lr {lr:.2e}"));
-        if cfg.save_steps > 0 && step % cfg.save_steps as u64 == 0 && step < total {
+        if cfg.save_steps > 0 && step.is_multiple_of(cfg.save_steps as u64) && step < total {
             manager.save(&lp.checkpoint()?)?;
         }
     }
