@@ -57,6 +57,14 @@ pub fn save_hf_dir(
     opts: &ExportOptions,
 ) -> Result<()> {
     let dtype_str = dtype_name(opts.dtype)?;
+    if model.has_adapters() {
+        return Err(ModelError::Invalid(
+            "the model has LoRA adapters, which an HF directory cannot hold; merge them first \
+             (rlft_model::lora::merge_lora, or `rlft merge`), or save them with \
+             peft::save_adapter"
+                .into(),
+        ));
+    }
     if dir.exists() && !opts.overwrite {
         return Err(ModelError::bad_file(
             dir,

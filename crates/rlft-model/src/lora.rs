@@ -25,6 +25,9 @@
 //! `autocast_adapter_dtype` does: the input is cast up, the update added in that dtype, and the
 //! sum cast back to the layer's dtype.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use candle_core::{DType, Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
@@ -58,7 +61,8 @@ pub struct LoraConfig {
     pub r: usize,
     /// Numerator of the scaling `lora_alpha / r` (or `lora_alpha / sqrt(r)` with rsLoRA).
     pub lora_alpha: f64,
-    /// Dropout probability on the adapter's input, applied in training forwards only.
+    /// Dropout probability on the adapter's input, applied in training forwards only (see
+    /// [`set_dropout_seed`]).
     pub lora_dropout: f64,
     /// Modules to adapt: names such as `q_proj`, `v_proj`, `down_proj` (or suffixes such as
     /// `self_attn.q_proj`), or the single value `all-linear` (q, k, v, o, gate, up, down; never
@@ -70,7 +74,8 @@ pub struct LoraConfig {
     /// `true` (PEFT's default): `B = 0`, so the adapted model starts as the base. `false`: `B`
     /// random too (PEFT's `init_lora_weights=False`, for tests).
     pub init_lora_weights: bool,
-    /// Seed of the initial `A` (and `B` when random); each module draws its own stream.
+    /// Seed of the initial `A` (and `B` when random) and of the dropout masks; each module
+    /// draws its own stream.
     pub seed: u64,
 }
 
@@ -194,25 +199,30 @@ pub struct LoraAdapter {
     pub dropout: f64,
     /// Whether the layer adds the adapter's update (see [`CausalLm::disable_adapters`]).
     pub enabled: bool,
-    /// Seed of the dropout masks of training forwards; `None` = evaluation (no dropout).
-    /// Set for the whole model with [`set_dropout_seed`].
+    /// Seed of the dropout masks of training forwards (`grad = true`); `None` turns dropout
+    /// off. Set for the whole model with [`set_dropout_seed`].
     pub dropout_seed: Option<u64>,
     /// Per-module salt of the dropout masks (hash of the module path).
     pub key: u64,
+    /// Training forwards drawn since the seed was set: each draws a fresh mask. Shared by
+    /// clones (a detached view or a reference copy never draws: they run without graph or
+    /// with adapters off).
+    pub draws: Arc<AtomicU64>,
 }
 
 impl LoraAdapter {
     /// An enabled adapter of module `module` (its path, which salts the dropout masks) from
-    /// `a [r, in]` and `b [out, r]`, without dropout seed (evaluation mode).
-    pub fn new(a: Tensor, b: Tensor, scaling: f64, dropout: f64, module: &str) -> Self {
+    /// `a [r, in]` and `b [out, r]`, with dropout masks drawn from `seed`.
+    pub fn new(a: Tensor, b: Tensor, scaling: f64, dropout: f64, module: &str, seed: u64) -> Self {
         LoraAdapter {
             a,
             b,
             scaling,
             dropout,
             enabled: true,
-            dropout_seed: None,
+            dropout_seed: Some(seed),
             key: fnv1a(module),
+            draws: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -222,11 +232,15 @@ impl LoraAdapter {
     }
 
     /// `scaling * dropout(x) @ A^T @ B^T` for `x [rows, in]` -> `[rows, out]` in the adapter's
-    /// dtype. `grad = false` uses `A`, `B` detached and never drops out.
+    /// dtype. `grad = true` (training) drops out with a fresh mask per call when the adapter has
+    /// a dropout seed and `dropout > 0`; `grad = false` uses `A`, `B` detached and never drops
+    /// out, as PEFT in `eval()` mode.
     pub fn delta(&self, x: &Tensor, grad: bool) -> Result<Tensor> {
         let mut x = x.to_dtype(self.a.dtype())?;
         if let (true, Some(seed), true) = (grad, self.dropout_seed, self.dropout > 0.0) {
-            let mask = dropout_mask(x.dims(), self.dropout, seed ^ self.key, x.device())?;
+            let draw = self.draws.fetch_add(1, Ordering::Relaxed);
+            let seed = seed ^ self.key ^ splitmix64(draw.wrapping_add(0x5EED));
+            let mask = dropout_mask(x.dims(), self.dropout, seed, x.device())?;
             x = (x * mask.to_dtype(self.a.dtype())?)?;
         }
         let (a, b) = if grad {
@@ -359,6 +373,7 @@ pub fn attach_lora(model: &mut CausalLm, cfg: &LoraConfig) -> Result<Vec<(String
             cfg.scaling(),
             cfg.lora_dropout,
             &name,
+            cfg.seed,
         ));
         out.push((peft_tensor_name(&name, 'A'), a));
         out.push((peft_tensor_name(&name, 'B'), b));
@@ -417,15 +432,19 @@ pub fn remove_lora(model: &mut CausalLm) -> usize {
         .count()
 }
 
-/// Sets the dropout seed of every adapter: `Some(seed)` makes the following training forwards
-/// (`grad = true`) drop adapter inputs with masks drawn from `seed` (each module salts it with
-/// its own path), `None` turns dropout off. The mask depends only on the seed and the input
-/// shape, so a trainer passes a fresh seed per micro-batch (e.g. a hash of run seed, step and
-/// micro-batch) to get independent masks that replay identically on resume.
+/// Reseeds the dropout of every adapter (`lora_dropout > 0`): `Some(seed)` restarts the mask
+/// stream, `None` turns dropout off (e.g. for gradient checks).
+///
+/// Dropout applies to training forwards (`grad = true`) only. Each adapter draws a fresh mask
+/// per training forward from `(seed, module path, forwards since the seed was set)`, so a run
+/// is reproducible out of the box (the seed starts as [`LoraConfig::seed`], or 0 for loaded
+/// adapters). A trainer that resumes mid-run calls this at every step with e.g.
+/// `hash(run seed, step)`, so the masks after a resume are those of the uninterrupted run.
 pub fn set_dropout_seed(model: &mut CausalLm, seed: Option<u64>) {
     for (_, lin) in model.linears_mut() {
         if let Some(l) = &mut lin.lora {
             l.dropout_seed = seed;
+            l.draws = Arc::new(AtomicU64::new(0));
         }
     }
 }

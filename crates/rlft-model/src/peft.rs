@@ -45,12 +45,18 @@ fn adapted_modules(model: &CausalLm) -> Vec<&'static str> {
         .collect()
 }
 
-/// `adapter_config.json` for adapters made with `cfg` on `modules` (short names).
+/// `adapter_config.json` for adapters made with `cfg` on `modules` (short names such as
+/// `q_proj`, or suffixes such as `self_attn.q_proj` from [`LoraConfig::resolve_targets`], which
+/// are written as short names, as PEFT writes them).
 pub fn adapter_config_json(
     cfg: &LoraConfig,
     modules: &[&str],
     base_model_name_or_path: Option<&str>,
 ) -> Value {
+    let modules: Vec<&str> = modules
+        .iter()
+        .map(|m| m.rsplit('.').next().unwrap_or(m))
+        .collect();
     json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -217,8 +223,8 @@ pub fn read_adapter_config(path: &Path) -> Result<LoraConfig> {
     Ok(cfg)
 }
 
-/// Loads a PEFT LoRA adapter directory onto `model` (enabled, evaluation mode, as plain tensors
-/// in [`adapter_dtype`]; [`crate::lora::lora_parameters`] makes them trainable). The tensors
+/// Loads a PEFT LoRA adapter directory onto `model` (enabled, as plain tensors in
+/// [`adapter_dtype`], dropout seed 0; [`crate::lora::lora_parameters`] makes them trainable). The tensors
 /// decide which modules are adapted; `target_modules` of the returned config lists them.
 /// Errors name the file and the problem: unknown or missing tensors, wrong shapes, a module
 /// that already has an adapter.
@@ -321,7 +327,7 @@ pub fn load_adapter(model: &mut CausalLm, dir: &Path) -> Result<LoraConfig> {
         model.linears_mut().into_iter().collect();
     for (module, a, b) in ready {
         let lin = linears.get_mut(&module).expect("checked above");
-        lin.lora = Some(LoraAdapter::new(a, b, sc, cfg.lora_dropout, &module));
+        lin.lora = Some(LoraAdapter::new(a, b, sc, cfg.lora_dropout, &module, 0));
     }
     drop(linears);
     cfg.target_modules = adapted_modules(model)

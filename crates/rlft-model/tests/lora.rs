@@ -18,7 +18,9 @@ use rlft_model::lora::{
     LORA_MODULES,
 };
 use rlft_model::ops::{add_const, frozen_linear, mul_const};
-use rlft_model::peft::{load_adapter, save_adapter, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
+use rlft_model::peft::{
+    adapter_config_json, load_adapter, save_adapter, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
+};
 use rlft_model::tiny::{random_model, tiny_config};
 use rlft_model::trainable::{
     backward, detached, masked_mean_nll, next_token_batch, sequence_logprobs, NextTokenBatch,
@@ -301,6 +303,10 @@ fn peft_save_load_round_trip() {
             j["target_modules"],
             serde_json::json!(["q_proj", "k_proj", "o_proj", "up_proj"])
         );
+        // What a trainer writes up front from the config says the same.
+        let targets = cfg.resolve_targets().unwrap();
+        let up_front = adapter_config_json(&cfg, &targets, Some("tiny-base"));
+        assert_eq!(up_front, j);
         // PEFT names and shapes.
         let bytes = std::fs::read(dir.path().join(ADAPTER_WEIGHTS)).unwrap();
         let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -631,29 +637,40 @@ fn unknown_target_module_lists_valid_names() {
 }
 
 #[test]
-fn dropout_only_in_seeded_training_forwards() {
+fn dropout_in_training_forwards_only_and_seeded() {
     let mut m = model(Family::Llama, DType::F32);
     let cfg = LoraConfig {
         lora_dropout: 0.5,
         ..lora_cfg(&["all-linear"], 10)
     };
     attach_lora(&mut m, &cfg).unwrap();
-    let eval = logits(&m, true);
-    // No seed: evaluation, no dropout even with a graph (fused vs composite ops: ~1e-6).
-    assert!(max_diff(&logits(&m, false), &eval) < 1e-5);
-    set_dropout_seed(&mut m, Some(1));
-    let a = logits(&m, true);
-    assert!(max_diff(&a, &eval) > 1e-3, "dropout had no effect");
-    assert_same(&a, &logits(&m, true), "same seed, same masks");
-    let b = {
-        set_dropout_seed(&mut m, Some(2));
-        logits(&m, true)
-    };
-    assert!(max_diff(&a, &b) > 1e-3, "another seed, other masks");
-    // Inference forwards never drop out; nor do training forwards once the seed is cleared.
-    assert!(max_diff(&logits(&m, false), &eval) < 1e-5);
+    // Inference forwards never drop out (PEFT's eval mode).
+    let eval = logits(&m, false);
+    assert_same(&logits(&m, false), &eval, "inference is deterministic");
+    // Training forwards drop out from the start (seed = cfg.seed), a fresh mask per call.
+    let t1 = logits(&m, true);
+    let t2 = logits(&m, true);
+    assert!(max_diff(&t1, &eval) > 1e-3, "dropout had no effect");
+    assert!(
+        max_diff(&t1, &t2) > 1e-3,
+        "two training forwards drew one mask"
+    );
+    // Reseeding replays the stream; another seed gives other masks.
+    set_dropout_seed(&mut m, Some(cfg.seed));
+    assert_same(&logits(&m, true), &t1, "replay, first draw");
+    assert_same(&logits(&m, true), &t2, "replay, second draw");
+    set_dropout_seed(&mut m, Some(99));
+    assert!(
+        max_diff(&logits(&m, true), &t1) > 1e-3,
+        "another seed, same masks"
+    );
+    // No seed: no dropout, even with a graph (fused vs composite ops differ by ~1e-6).
     set_dropout_seed(&mut m, None);
-    assert_same(&logits(&m, true), &eval, "dropout seed cleared");
+    assert!(max_diff(&logits(&m, true), &eval) < 1e-5);
+    // A fresh model with the same config draws the same masks: runs are reproducible.
+    let mut again = model(Family::Llama, DType::F32);
+    attach_lora(&mut again, &cfg).unwrap();
+    assert_same(&logits(&again, true), &t1, "same config, same first mask");
 }
 
 #[test]

@@ -151,6 +151,37 @@ fn lora_trains_adapters_only() {
 }
 
 #[test]
+fn lora_with_dropout_resumes_exactly() {
+    let lora = |dir: &Path| {
+        let mut cfg = setup(dir);
+        cfg.use_peft = true;
+        cfg.lora.r = 4;
+        cfg.lora.lora_dropout = 0.1;
+        cfg.max_steps = 6;
+        cfg
+    };
+    let a = tempfile::tempdir().unwrap();
+    let (_, full) = run(&lora(a.path()), &RunOptions::default());
+    let b = tempfile::tempdir().unwrap();
+    let cfg_b = lora(b.path());
+    run(
+        &cfg_b,
+        &RunOptions {
+            stop_after: Some(2),
+            ..Default::default()
+        },
+    );
+    let (_, resumed) = run(
+        &cfg_b,
+        &RunOptions {
+            resume: true,
+            ..Default::default()
+        },
+    );
+    assert_eq!(full, resumed);
+}
+
+#[test]
 fn bad_data_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = setup(dir.path());

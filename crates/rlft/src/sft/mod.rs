@@ -166,6 +166,12 @@ impl Loop<'_> {
                     .count()
             })
             .sum();
+        // LoRA dropout masks depend only on (seed, step), so a resumed run draws the same ones.
+        if self.p.lora.is_some() {
+            let seed =
+                self.cfg.seed ^ (self.state.global_step + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            rlft_model::lora::set_dropout_seed(&mut self.p.model, Some(seed));
+        }
         let vars: Vec<Var> = self.p.vars.iter().map(|(_, v)| v.clone()).collect();
         let mut acc = GradAccumulator::new(vars.clone());
         let (mut loss_sum, mut tokens) = (0f64, 0usize);
