@@ -140,7 +140,8 @@ fn get_f64(obj: &Map<String, Value>, key: &str) -> Option<f64> {
     obj.get(key).and_then(Value::as_f64)
 }
 
-fn token_ids(v: Option<&Value>) -> Vec<u32> {
+/// Token ids from an HF JSON value that is one id or a list of ids (`eos_token_id` is either).
+pub(crate) fn token_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
         Some(Value::Array(a)) => a

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
+use crate::config::token_ids;
 use crate::error::{ModelError, Result};
 use crate::sampling::SamplingParams;
 
@@ -24,27 +25,15 @@ pub struct GenerationConfig {
     pub max_new_tokens: Option<usize>,
 }
 
-fn ids(v: Option<&Value>) -> Vec<u32> {
-    match v {
-        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(Value::as_u64)
-            .map(|x| x as u32)
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
 impl GenerationConfig {
     /// Parses a `generation_config.json` value.
     pub fn from_json(v: &Value) -> Self {
         let f = |k: &str| v.get(k).and_then(Value::as_f64);
         let d = SamplingParams::default();
         GenerationConfig {
-            eos_token_ids: ids(v.get("eos_token_id")),
-            bos_token_id: ids(v.get("bos_token_id")).first().copied(),
-            pad_token_id: ids(v.get("pad_token_id")).first().copied(),
+            eos_token_ids: token_ids(v.get("eos_token_id")),
+            bos_token_id: token_ids(v.get("bos_token_id")).first().copied(),
+            pad_token_id: token_ids(v.get("pad_token_id")).first().copied(),
             do_sample: v.get("do_sample").and_then(Value::as_bool).unwrap_or(false),
             sampling: SamplingParams {
                 temperature: f("temperature").map_or(d.temperature, |x| x as f32),
