@@ -11,6 +11,34 @@ use rlft_text::Message;
 
 use crate::default_model;
 
+/// Where and how `convert` and `merge` write an HF directory.
+#[derive(Args, Debug, Clone)]
+pub struct ExportArgs {
+    /// Output HF directory.
+    #[arg(long, short = 'o')]
+    pub output: std::path::PathBuf,
+    /// Dtype of the written weights: f32, bf16 or f16.
+    #[arg(long = "save-dtype", default_value = "f32")]
+    pub save_dtype: String,
+    /// Shard size limit in MiB.
+    #[arg(long, default_value_t = 4096)]
+    pub shard_mib: usize,
+    /// Replace the output directory if it exists.
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+impl ExportArgs {
+    /// The export options these arguments ask for.
+    pub fn options(&self) -> Result<rlft_model::export::ExportOptions> {
+        Ok(rlft_model::export::ExportOptions {
+            dtype: parse_dtype(&self.save_dtype)?,
+            shard_bytes: self.shard_mib << 20,
+            overwrite: self.overwrite,
+        })
+    }
+}
+
 /// Which model to load and how.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {

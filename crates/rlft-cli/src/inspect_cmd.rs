@@ -1,18 +1,16 @@
 //! `rlft inspect`, `rlft tokenize`, `rlft logprobs`, `rlft convert`: the tools users reach for
 //! when a reward or a template misbehaves.
 
-use std::path::PathBuf;
-
 use anyhow::{bail, Result};
 use candle_core::Tensor;
 use clap::Args;
 use rlft_model::config::RopeScaling;
 use rlft_model::decoder::Batch;
-use rlft_model::export::{save_hf_dir, ExportOptions};
+use rlft_model::export::save_hf_dir;
 use rlft_text::Message;
 use serde_json::json;
 
-use crate::common::{chat_prompt_ids, load, parse_dtype, ModelArgs};
+use crate::common::{chat_prompt_ids, load, ExportArgs, ModelArgs};
 
 /// `rlft inspect`.
 #[derive(Args, Debug)]
@@ -269,29 +267,15 @@ fn candle_nn_log_softmax(x: &Tensor) -> Result<Tensor> {
 pub struct ConvertArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Output HF directory.
-    #[arg(long, short = 'o')]
-    pub output: PathBuf,
-    /// Dtype of the written weights: f32, bf16 or f16.
-    #[arg(long = "save-dtype", default_value = "f32")]
-    pub save_dtype: String,
-    /// Shard size limit in MiB.
-    #[arg(long, default_value_t = 4096)]
-    pub shard_mib: usize,
-    /// Replace the output directory if it exists.
-    #[arg(long)]
-    pub overwrite: bool,
+    #[command(flatten)]
+    pub export: ExportArgs,
 }
 
 /// Runs `rlft convert`.
 pub fn run_convert(a: ConvertArgs) -> Result<()> {
     let m = load(&a.model)?;
-    let opts = ExportOptions {
-        dtype: parse_dtype(&a.save_dtype)?,
-        shard_bytes: a.shard_mib << 20,
-        overwrite: a.overwrite,
-    };
-    save_hf_dir(&m.model, &m.text, &m.generation, &a.output, &opts)?;
-    eprintln!("wrote {}", a.output.display());
+    let opts = a.export.options()?;
+    save_hf_dir(&m.model, &m.text, &m.generation, &a.export.output, &opts)?;
+    eprintln!("wrote {}", a.export.output.display());
     Ok(())
 }

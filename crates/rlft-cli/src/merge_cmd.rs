@@ -6,11 +6,11 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use rlft_model::export::{save_hf_dir, ExportOptions};
+use rlft_model::export::save_hf_dir;
 use rlft_model::lora::merge_lora;
 use rlft_model::peft::load_adapter;
 
-use crate::common::{load, parse_dtype, ModelArgs};
+use crate::common::{load, ExportArgs, ModelArgs};
 
 /// `rlft merge`.
 #[derive(Args, Debug)]
@@ -21,27 +21,13 @@ pub struct MergeArgs {
     /// PEFT adapter directory (`adapter_config.json` + `adapter_model.safetensors`).
     #[arg(long)]
     pub adapter: PathBuf,
-    /// Output HF directory.
-    #[arg(long, short = 'o')]
-    pub output: PathBuf,
-    /// Dtype of the written weights: f32, bf16 or f16.
-    #[arg(long = "save-dtype", default_value = "f32")]
-    pub save_dtype: String,
-    /// Shard size limit in MiB.
-    #[arg(long, default_value_t = 4096)]
-    pub shard_mib: usize,
-    /// Replace the output directory if it exists.
-    #[arg(long)]
-    pub overwrite: bool,
+    #[command(flatten)]
+    pub export: ExportArgs,
 }
 
 /// Runs `rlft merge`.
 pub fn run_merge(a: MergeArgs) -> Result<()> {
-    let opts = ExportOptions {
-        dtype: parse_dtype(&a.save_dtype)?,
-        shard_bytes: a.shard_mib << 20,
-        overwrite: a.overwrite,
-    };
+    let opts = a.export.options()?;
     let mut m = load(&a.model)?;
     let cfg = load_adapter(&mut m.model, &a.adapter).with_context(|| {
         format!(
@@ -51,14 +37,14 @@ pub fn run_merge(a: MergeArgs) -> Result<()> {
         )
     })?;
     let n = merge_lora(&mut m.model)?;
-    save_hf_dir(&m.model, &m.text, &m.generation, &a.output, &opts)?;
+    save_hf_dir(&m.model, &m.text, &m.generation, &a.export.output, &opts)?;
     eprintln!(
         "merged {n} LoRA modules (r {}, lora_alpha {}, {}{}) into {}",
         cfg.r,
         cfg.lora_alpha,
         cfg.target_modules.join(","),
         if cfg.use_rslora { ", rsLoRA" } else { "" },
-        a.output.display()
+        a.export.output.display()
     );
     Ok(())
 }
