@@ -10,5 +10,6 @@
 //! - [`sft`]: the SFT trainer.
 
 pub mod config;
+pub mod grpo;
 pub mod sft;
 pub mod sft_data;

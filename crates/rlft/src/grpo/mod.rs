@@ -1,0 +1,3 @@
+//! GRPO: Group Relative Policy Optimization and its relatives.
+
+pub mod algo;
