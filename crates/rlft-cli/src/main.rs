@@ -2,10 +2,13 @@
 
 mod bench;
 mod common;
+mod data_cmd;
 mod default_model;
 mod generate_cmd;
+mod grpo_cmd;
 mod inspect_cmd;
 mod merge_cmd;
+mod report_cmd;
 mod sft_cmd;
 
 use anyhow::Result;
@@ -40,6 +43,16 @@ enum Command {
     Merge(merge_cmd::MergeArgs),
     /// Supervised fine-tuning from a TOML config (full or LoRA), with eval, checkpoints, resume.
     Sft(sft_cmd::SftArgs),
+    /// GRPO (and Dr. GRPO / DAPO / BNPO) from a TOML config: rollouts, rewards, metrics, resume.
+    Grpo(grpo_cmd::GrpoArgs),
+    /// Score a model on a config's eval prompts with its rewards (greedy or sampled pass@1).
+    Eval(grpo_cmd::EvalArgs),
+    /// Reward tools: `rlft reward test` scores completions from a JSONL file without a model.
+    Reward(grpo_cmd::RewardArgs),
+    /// Generate datasets: `rlft data tiny-python-expr` writes the seed example's prompt set.
+    Data(data_cmd::DataArgs),
+    /// Write the report of a GRPO run: summary card, reward dashboard (PNG/SVG), rollouts, HTML.
+    Report(report_cmd::ReportArgs),
     /// Print the path of the default model, fetching it if needed.
     FetchModel,
     /// Benchmarks (median time, spread, tokens/s, peak RSS).
@@ -47,6 +60,7 @@ enum Command {
 }
 
 fn main() {
+    rlft_model::alloc::tune_malloc();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
@@ -63,6 +77,11 @@ fn run(cli: Cli) -> Result<()> {
         Command::Convert(a) => inspect_cmd::run_convert(a),
         Command::Merge(a) => merge_cmd::run_merge(a),
         Command::Sft(a) => sft_cmd::run(a),
+        Command::Grpo(a) => grpo_cmd::run(a),
+        Command::Eval(a) => grpo_cmd::run_eval(a),
+        Command::Reward(a) => grpo_cmd::run_reward(a),
+        Command::Data(a) => data_cmd::run(a),
+        Command::Report(a) => report_cmd::run(a),
         Command::FetchModel => {
             println!("{}", default_model::ensure_default_model()?.display());
             Ok(())

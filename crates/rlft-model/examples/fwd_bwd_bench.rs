@@ -75,6 +75,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    rlft_model::alloc::tune_malloc();
     let (mut positional, mut trainable, mut lora, mut rank) = (Vec::new(), None, None, 16usize);
     let (mut ab, mut reps) = (false, 3usize);
     let mut args = std::env::args().skip(1);

@@ -464,19 +464,45 @@ impl CausalLm {
         targets: &Tensor,
         chunk: usize,
     ) -> Result<Tensor> {
+        Ok(self
+            .target_logprobs_entropy(hidden, targets, chunk, false)?
+            .0)
+    }
+
+    /// [`Self::target_logprobs`] plus, when `entropy`, the entropy of each row's next-token
+    /// distribution `[n]` (detached: a metric, no graph), from the same logits chunks.
+    pub fn target_logprobs_entropy(
+        &self,
+        hidden: &Tensor,
+        targets: &Tensor,
+        chunk: usize,
+        entropy: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
         let n = hidden.dim(0)?;
         let chunk = chunk.max(1);
         let mut parts = Vec::with_capacity(n.div_ceil(chunk));
+        let mut ents = Vec::new();
         let mut start = 0;
         while start < n {
             let len = chunk.min(n - start);
             let logits = self.logits(&hidden.narrow(0, start, len)?)?;
             let lse = logits.log_sum_exp(D::Minus1)?;
+            if entropy {
+                // H = lse - sum(p * logits), p = exp(logits - lse).
+                let (l, m) = (logits.detach(), lse.detach());
+                let p = l.broadcast_sub(&m.unsqueeze(1)?)?.exp()?;
+                ents.push((m - (p * &l)?.sum(D::Minus1)?)?);
+            }
             let tgt = targets.narrow(0, start, len)?.unsqueeze(1)?;
             let picked = logits.gather(&tgt, 1)?.squeeze(1)?;
             parts.push((picked - lse)?);
             start += len;
         }
-        Ok(Tensor::cat(&parts, 0)?)
+        let ent = if entropy {
+            Some(Tensor::cat(&ents, 0)?)
+        } else {
+            None
+        };
+        Ok((Tensor::cat(&parts, 0)?, ent))
     }
 }

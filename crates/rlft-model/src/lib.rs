@@ -18,6 +18,7 @@
 //!   [`peft`] reads and writes them as PEFT adapter directories.
 //! - [`tiny`]: deterministic tiny random models for tests.
 
+pub mod alloc;
 pub mod config;
 pub mod decode_fast;
 pub mod decoder;

@@ -107,6 +107,22 @@ pub fn sequence_logprobs(
     targets: &Tensor,
     grad: bool,
 ) -> Result<Tensor> {
+    Ok(sequence_logprobs_entropy(model, batch, targets, grad, false, 1.0)?.0)
+}
+
+/// [`sequence_logprobs`] plus, when `entropy`, the entropy `[b, n]` of the model's next-token
+/// distribution at each target position (detached; a metric such as GRPO's `entropy`), both
+/// of the distribution at `temperature` (`softmax(logits / temperature)`, the distribution
+/// sampling draws from; computed as the LM head of `hidden / temperature`, exact because the
+/// head has no bias).
+pub fn sequence_logprobs_entropy(
+    model: &CausalLm,
+    batch: &Batch,
+    targets: &Tensor,
+    grad: bool,
+    entropy: bool,
+    temperature: f64,
+) -> Result<(Tensor, Option<Tensor>)> {
     let (b, t) = batch.ids.dims2()?;
     let (tb, n) = targets.dims2()?;
     if tb != b || n == 0 || n > t {
@@ -117,9 +133,17 @@ pub fn sequence_logprobs(
     }
     let hidden = model.forward(batch, None, grad)?;
     let h = hidden.dim(2)?;
-    let rows = hidden.narrow(1, t - n, n)?.reshape((b * n, h))?;
-    let lp = model.target_logprobs(&rows, &targets.flatten_all()?, LOGPROB_CHUNK)?;
-    Ok(lp.reshape((b, n))?)
+    let mut rows = hidden.narrow(1, t - n, n)?.reshape((b * n, h))?;
+    if temperature != 1.0 {
+        rows = (rows / temperature)?;
+    }
+    let (lp, ent) =
+        model.target_logprobs_entropy(&rows, &targets.flatten_all()?, LOGPROB_CHUNK, entropy)?;
+    let ent = match ent {
+        Some(e) => Some(e.reshape((b, n))?),
+        None => None,
+    };
+    Ok((lp.reshape((b, n))?, ent))
 }
 
 /// Mean negative log-likelihood over the positions where `mask` is 1:

@@ -13,3 +13,4 @@ pub mod config;
 pub mod grpo;
 pub mod sft;
 pub mod sft_data;
+pub mod train_setup;

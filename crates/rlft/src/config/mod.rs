@@ -4,6 +4,7 @@
 //! so a typo never silently falls back to a default. `--set key=value` overrides go through the
 //! same path.
 
+pub mod grpo;
 pub mod sft;
 
 use std::path::Path;

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor, Var};
 use rlft_data::{load_dataset, train_test_split, Dataset};
 use rlft_model::load::{load_model, LoadOptions};
-use rlft_model::lora::{attach_lora, LoraConfig};
+use rlft_model::lora::LoraConfig;
 use rlft_model::{CausalLm, LoadedModel};
-use rlft_train::{AdamW, AdamWConfig, LrSchedule, LrScheduler, ParamGroup, Warmup};
+use rlft_train::{AdamW, LrScheduler};
 use serde_json::Value;
 
 use super::{Result, SftError};
@@ -16,6 +16,7 @@ use crate::config::sft::SftConfig;
 use crate::sft_data::{
     build_example, fit_length, LengthPolicy, LengthReport, SftExample, SftFormat,
 };
+use crate::train_setup::{self, OptimSettings};
 
 /// A model and data ready to train.
 pub struct Prepared {
@@ -104,27 +105,8 @@ pub fn prepare(cfg: &SftConfig, model_path: &Path, device: &Device) -> Result<Pr
         },
     )?;
     let mut model = loaded.model.clone();
-    let (vars, lora, adapter_config) = if cfg.use_peft {
-        let l = LoraConfig {
-            r: cfg.lora.r,
-            lora_alpha: cfg.lora.lora_alpha,
-            lora_dropout: cfg.lora.lora_dropout,
-            target_modules: cfg.lora.target_modules.clone(),
-            use_rslora: cfg.lora.use_rslora,
-            init_lora_weights: true,
-            seed: cfg.seed,
-        };
-        let vars = attach_lora(&mut model, &l)?;
-        let modules = l.resolve_targets()?;
-        let ac = rlft_model::peft::adapter_config_json(&l, &modules, Some(&cfg.model));
-        (vars, Some(l), Some(ac))
-    } else {
-        (
-            rlft_model::trainable::make_trainable(&mut model, |_| true)?,
-            None,
-            None,
-        )
-    };
+    let (vars, lora, adapter_config) =
+        train_setup::trainable(&mut model, cfg.use_peft, &cfg.lora, cfg.seed, &cfg.model)?;
     let full = load_dataset(&cfg.dataset, Some(&cfg.dataset_split))?;
     let (train_ds, eval_ds) = match (&cfg.eval_dataset, &cfg.eval_split) {
         (Some(p), split) => (full, Some(load_dataset(p, split.as_deref())?)),
@@ -176,88 +158,45 @@ pub fn prepare(cfg: &SftConfig, model_path: &Path, device: &Device) -> Result<Pr
     })
 }
 
+/// The optimiser settings of the config.
+fn optim_settings(cfg: &SftConfig) -> OptimSettings {
+    OptimSettings {
+        learning_rate: cfg.learning_rate,
+        adam_beta1: cfg.adam_beta1,
+        adam_beta2: cfg.adam_beta2,
+        adam_epsilon: cfg.adam_epsilon,
+        weight_decay: cfg.weight_decay,
+        lr_scheduler_type: cfg.lr_scheduler_type.clone(),
+        min_lr_rate: cfg.min_lr_rate,
+        warmup_ratio: cfg.warmup_ratio,
+        warmup_steps: cfg.warmup_steps,
+    }
+}
+
 /// AdamW over the trainable parameters (no decay on vectors: biases, norms).
 pub fn optimizer(cfg: &SftConfig, vars: &[(String, Var)]) -> Result<AdamW> {
-    let groups = ParamGroup::split_decay(vars.iter().map(|(_, v)| v.clone()).collect());
-    Ok(AdamW::new(
-        groups,
-        AdamWConfig {
-            lr: cfg.learning_rate,
-            beta1: cfg.adam_beta1,
-            beta2: cfg.adam_beta2,
-            eps: cfg.adam_epsilon,
-            weight_decay: cfg.weight_decay,
-        },
-    )?)
+    Ok(train_setup::optimizer(&optim_settings(cfg), vars)?)
 }
 
 /// The LR schedule of the config.
 pub fn scheduler(cfg: &SftConfig) -> Result<LrScheduler> {
-    let schedule = match LrSchedule::from_name(&cfg.lr_scheduler_type)? {
-        LrSchedule::CosineWithMinLr { .. } => LrSchedule::CosineWithMinLr {
-            min_lr_rate: cfg.min_lr_rate,
-        },
-        s => s,
-    };
-    let warmup = if cfg.warmup_steps > 0 {
-        Warmup::Steps(cfg.warmup_steps)
-    } else {
-        Warmup::Ratio(cfg.warmup_ratio)
-    };
-    Ok(LrScheduler {
-        base_lr: cfg.learning_rate,
-        schedule,
-        warmup,
-    })
+    Ok(train_setup::scheduler(&optim_settings(cfg))?)
 }
 
 /// Copies checkpointed tensors into the trainable `Var`s (names must match).
 pub fn restore_weights(vars: &[(String, Var)], saved: &[(String, Tensor)]) -> Result<()> {
-    let map: std::collections::HashMap<&str, &Tensor> =
-        saved.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    for (name, var) in vars {
-        let t = map.get(name.as_str()).ok_or_else(|| {
-            SftError::Other(format!(
-                "checkpoint lacks trainable tensor `{name}`; it was written by another config \
-                 (LoRA vs full, or other target_modules)"
-            ))
-        })?;
-        var.set(&t.to_dtype(var.dtype())?)?;
-    }
-    Ok(())
+    train_setup::restore_weights(vars, saved).map_err(SftError::Other)
 }
 
 /// Writes the final model: the adapter (PEFT) plus a merged HF directory with LoRA, or a full HF
 /// directory. Returns the directory of the usable model.
 pub fn export_final(cfg: &SftConfig, p: &Prepared) -> Result<PathBuf> {
-    let opts = rlft_model::export::ExportOptions {
-        overwrite: true,
-        ..Default::default()
-    };
-    let plain = rlft_model::trainable::detached(&p.model);
-    if let Some(l) = &p.lora {
-        let adapter = cfg.output_dir.join("adapter");
-        rlft_model::peft::save_adapter(&plain, l, &adapter, Some(&cfg.model))?;
-        let mut merged = plain;
-        rlft_model::lora::merge_lora(&mut merged)?;
-        let out = cfg.output_dir.join("final");
-        rlft_model::export::save_hf_dir(
-            &merged,
-            &p.loaded.text,
-            &p.loaded.generation,
-            &out,
-            &opts,
-        )?;
-        eprintln!(
-            "wrote adapter {} and merged model {}",
-            adapter.display(),
-            out.display()
-        );
-        Ok(out)
-    } else {
-        let out = cfg.output_dir.join("final");
-        rlft_model::export::save_hf_dir(&plain, &p.loaded.text, &p.loaded.generation, &out, &opts)?;
-        eprintln!("wrote {}", out.display());
-        Ok(out)
-    }
+    Ok(train_setup::export_final(
+        &cfg.output_dir,
+        &cfg.model,
+        &p.model,
+        p.lora.as_ref(),
+        &p.loaded.text,
+        &p.loaded.generation,
+    )?)
 }

@@ -1,0 +1,252 @@
+//! `rlft grpo --config grpo.toml`, `rlft eval --config grpo.toml` and
+//! `rlft reward test --config grpo.toml --completions file.jsonl`.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use rlft::config::grpo::GrpoConfig;
+use rlft::grpo::eval::{evaluate, sample_reward_parts};
+use rlft::grpo::setup::{eval_prompts, reward_set};
+use rlft::grpo::trainer::eval_settings;
+use rlft::grpo::{prepare, train};
+use rlft::sft::RunOptions;
+use rlft_train::shutdown::ShutdownFlag;
+use serde_json::{json, Value};
+
+use crate::common::parse_device;
+use crate::default_model;
+
+/// `rlft grpo`.
+#[derive(Args, Debug)]
+pub struct GrpoArgs {
+    /// TOML config (TRL `GRPOConfig` names, LightRFT aliases; see the README and
+    /// examples/tiny_python_expr/config.toml).
+    #[arg(long, short = 'c')]
+    pub config: PathBuf,
+    /// Override a config key: `--set num_generations=8 --set lora.r=8` (repeatable).
+    #[arg(long = "set")]
+    pub set: Vec<String>,
+    /// Continue from the latest checkpoint in output_dir.
+    #[arg(long)]
+    pub resume: bool,
+    /// Stop after this many optimiser steps (a checkpoint is saved; continue with --resume).
+    #[arg(long)]
+    pub stop_after: Option<u64>,
+    /// Device: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+fn metrics_obj(m: &[(String, f64)]) -> Value {
+    let mut o = serde_json::Map::new();
+    for (k, v) in m {
+        o.insert(k.clone(), json!(v));
+    }
+    Value::Object(o)
+}
+
+/// Runs `rlft grpo`.
+pub fn run(a: GrpoArgs) -> Result<()> {
+    let cfg = GrpoConfig::load(&a.config, &a.set)?;
+    let model = default_model::resolve(&cfg.model)?;
+    let device = parse_device(&a.device)?;
+    let shutdown = ShutdownFlag::install().context("install the Ctrl-C handler")?;
+    let mut prepared = prepare(&cfg, &model, &device)?;
+    let summary = train(
+        &cfg,
+        &mut prepared,
+        &RunOptions {
+            resume: a.resume,
+            stop_after: a.stop_after,
+            shutdown: Some(shutdown),
+            progress: true,
+        },
+    )?;
+    if summary.interrupted || summary.final_dir.is_none() {
+        eprintln!(
+            "stopped at step {}: checkpoint saved in {}; continue with --resume",
+            summary.global_step,
+            cfg.output_dir.display()
+        );
+    }
+    println!(
+        "{}",
+        json!({
+            "global_step": summary.global_step,
+            "skipped_steps": summary.skipped_steps,
+            "eval_initial": summary.eval_initial.as_deref().map(metrics_obj),
+            "eval_final": summary.eval_final.as_deref().map(metrics_obj),
+            "final_dir": summary.final_dir,
+            "wall_time_s": summary.wall_time_s,
+        })
+    );
+    Ok(())
+}
+
+/// `rlft eval`.
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// The GRPO config whose eval split, rewards and generation settings to use.
+    #[arg(long, short = 'c')]
+    pub config: PathBuf,
+    /// Model to score (HF dir, .gguf or "default"); default: the config's `model`.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Override a config key (repeatable), e.g. `--set eval_decoding=sampled`.
+    #[arg(long = "set")]
+    pub set: Vec<String>,
+    /// Write every completion with its rewards to this JSONL file.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Device: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+/// Runs `rlft eval`: scores a model on the config's eval prompts with its rewards.
+pub fn run_eval(a: EvalArgs) -> Result<()> {
+    let mut cfg = GrpoConfig::load(&a.config, &a.set)?;
+    if let Some(m) = a.model {
+        cfg.model = m;
+    }
+    let model_path = default_model::resolve(&cfg.model)?;
+    let device = parse_device(&a.device)?;
+    let loaded = rlft_model::load::load_model(
+        &model_path,
+        &rlft_model::load::LoadOptions {
+            device,
+            dtype: candle_core::DType::F32,
+        },
+    )?;
+    let items = eval_prompts(&cfg, &loaded.text)?;
+    if items.is_empty() {
+        bail!(
+            "no eval prompts: set `eval_dataset` or `eval_split`, or use a DatasetDict with a \
+             `test` split"
+        );
+    }
+    let mut rewards = reward_set(&cfg)?;
+    let pad_id = loaded
+        .generation
+        .pad_token_id
+        .or_else(|| loaded.generation.eos_token_ids.first().copied())
+        .unwrap_or(0);
+    let settings = eval_settings(&cfg, &loaded.generation.eos_token_ids, pad_id);
+    let t = std::time::Instant::now();
+    let r = evaluate(&loaded.model, &loaded.text, &items, &mut rewards, &settings)?;
+    let names = rewards.names();
+    if let Some(path) = &a.output {
+        let mut out = String::new();
+        for (i, s) in r.samples.iter().enumerate() {
+            let parts: serde_json::Map<String, Value> = sample_reward_parts(&names, &r.scores, i)
+                .into_iter()
+                .map(|(k, v)| (k, json!(v)))
+                .collect();
+            out.push_str(
+                &json!({
+                    "prompt": items[s.prompt].text,
+                    "completion": s.text,
+                    "reward": r.scores.total[i],
+                    "rewards": parts,
+                    "completion_tokens": s.completion_ids.len(),
+                    "truncated": s.truncated,
+                })
+                .to_string(),
+            );
+            out.push('\n');
+        }
+        std::fs::write(path, out).with_context(|| format!("write {}", path.display()))?;
+    }
+    let mut m = metrics_obj(&r.metrics);
+    m["eval/prompts"] = json!(items.len());
+    m["eval/seconds"] = json!(t.elapsed().as_secs_f64());
+    println!("{}", serde_json::to_string_pretty(&m)?);
+    Ok(())
+}
+
+/// `rlft reward ...`.
+#[derive(Args, Debug)]
+pub struct RewardArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: RewardCommand,
+}
+
+/// Reward subcommands.
+#[derive(Subcommand, Debug)]
+pub enum RewardCommand {
+    /// Score completions with a config's rewards, without a model or training.
+    Test(RewardTestArgs),
+}
+
+/// `rlft reward test`.
+#[derive(Args, Debug)]
+pub struct RewardTestArgs {
+    /// Config whose `[[rewards]]` (and `reward_weights`) to use.
+    #[arg(long, short = 'c')]
+    pub config: PathBuf,
+    /// JSONL with one object per line: `completion` (string), optional `prompt`, and the
+    /// dataset columns the rewards read (e.g. `answer`, or `reward_model` with `ground_truth`).
+    #[arg(long)]
+    pub completions: PathBuf,
+    /// Override a config key (repeatable).
+    #[arg(long = "set")]
+    pub set: Vec<String>,
+}
+
+/// Runs `rlft reward test`: prints one JSON line per completion and a summary.
+pub fn run_reward(a: RewardArgs) -> Result<()> {
+    let RewardCommand::Test(a) = a.command;
+    let cfg = GrpoConfig::load(&a.config, &a.set)?;
+    let mut rewards = reward_set(&cfg)?;
+    let text = std::fs::read_to_string(&a.completions)
+        .with_context(|| format!("read {}", a.completions.display()))?;
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: Value = serde_json::from_str(line).with_context(|| {
+            format!("{} line {}: not valid JSON", a.completions.display(), i + 1)
+        })?;
+        if !v.get("completion").is_some_and(Value::is_string) {
+            bail!(
+                "{} line {}: needs a string field `completion` (and the columns your rewards \
+                 read)",
+                a.completions.display(),
+                i + 1
+            );
+        }
+        rows.push(v);
+    }
+    if rows.is_empty() {
+        bail!("{} has no completions", a.completions.display());
+    }
+    let samples: Vec<rlft_rewards::Sample<'_>> = rows
+        .iter()
+        .map(|r| rlft_rewards::Sample {
+            prompt: r.get("prompt").and_then(Value::as_str).unwrap_or(""),
+            completion: r["completion"].as_str().unwrap_or(""),
+            row: r,
+            completion_tokens: 0,
+            truncated: false,
+        })
+        .collect();
+    let scores = rewards.score(&samples)?;
+    let names = rewards.names();
+    for (i, _) in rows.iter().enumerate() {
+        let parts: serde_json::Map<String, Value> = sample_reward_parts(&names, &scores, i)
+            .into_iter()
+            .map(|(k, v)| (k, json!(v)))
+            .collect();
+        println!("{}", json!({"index": i, "reward": scores.total[i], "rewards": parts}));
+    }
+    let mean = scores.total.iter().sum::<f64>() / scores.total.len() as f64;
+    eprintln!(
+        "{} completions, mean reward {mean:.4}; failures per function: {:?}",
+        rows.len(),
+        names.iter().zip(&scores.failures).collect::<Vec<_>>()
+    );
+    Ok(())
+}

@@ -1,0 +1,229 @@
+//! Rollouts: G completions per prompt from the current policy, and the per-token log-probs of
+//! completions under a model (policy with grad, old policy, reference).
+//!
+//! Generation runs on a copy of the policy with LoRA adapters merged in (a few small matmuls per
+//! rollout), so it takes the fused CPU decode path; the prompt is prefilled once per group.
+
+use candle_core::{DType, Device, Tensor};
+use rlft_model::decoder::{Batch, CausalLm};
+use rlft_model::generate::{generate, FinishReason, GenerateRequest};
+use rlft_model::sampling::SamplingParams;
+use rlft_model::trainable::sequence_logprobs_entropy;
+use rlft_text::TextBundle;
+
+use super::prompts::PromptItem;
+use super::Result;
+
+/// One completion of a rollout.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// Index of its prompt in the trainer's prompt list.
+    pub prompt: usize,
+    /// Generated ids (an ending eos included).
+    pub completion_ids: Vec<u32>,
+    /// Decoded completion text (special tokens skipped): what rewards see.
+    pub text: String,
+    /// Whether it hit `max_completion_length` without an eos.
+    pub truncated: bool,
+}
+
+/// Sampling settings of a rollout.
+#[derive(Debug, Clone)]
+pub struct RolloutSettings {
+    /// Completions per prompt.
+    pub num_generations: usize,
+    /// Most new tokens.
+    pub max_new_tokens: usize,
+    /// Temperature, top-k/p, min-p, repetition penalty.
+    pub sampling: SamplingParams,
+    /// Seed of this rollout (each completion draws from (seed, prompt, sample)).
+    pub seed: u64,
+    /// End-of-sequence ids.
+    pub eos_token_ids: Vec<u32>,
+    /// Padding id.
+    pub pad_token_id: u32,
+}
+
+/// The model generation runs on: `policy` itself, or a copy with its adapters merged (no
+/// weights copied except the adapted ones).
+pub fn rollout_model(policy: &CausalLm) -> Result<CausalLm> {
+    let mut m = rlft_model::trainable::detached(policy);
+    if m.has_active_adapters() {
+        rlft_model::lora::merge_lora(&mut m)?;
+    } else if m.has_adapters() {
+        rlft_model::lora::remove_lora(&mut m);
+    }
+    Ok(m)
+}
+
+/// Generates `num_generations` completions for each of `prompts` (indices into `items`);
+/// groups are contiguous, in the order of `prompts`.
+pub fn sample_completions(
+    model: &CausalLm,
+    text: &TextBundle,
+    items: &[PromptItem],
+    prompts: &[usize],
+    s: &RolloutSettings,
+) -> Result<Vec<Sample>> {
+    let req = GenerateRequest {
+        prompts: prompts.iter().map(|&i| items[i].ids.clone()).collect(),
+        n: s.num_generations,
+        max_new_tokens: s.max_new_tokens,
+        sampling: s.sampling.clone(),
+        seed: s.seed,
+        eos_token_ids: s.eos_token_ids.clone(),
+        stop_strings: Vec::new(),
+        pad_token_id: s.pad_token_id,
+    };
+    let detok = |ids: &[u32]| text.decode(ids, true).unwrap_or_default();
+    let out = generate(model, &req, &detok)?;
+    Ok(out
+        .into_iter()
+        .map(|c| Sample {
+            prompt: prompts[c.prompt_index],
+            truncated: c.finish_reason == FinishReason::Length,
+            completion_ids: c.token_ids,
+            text: c.text,
+        })
+        .collect())
+}
+
+/// Prompt + completion rows as one batch whose last `Tc` positions predict the completion
+/// tokens: prompts left-padded to the longest, completions right-padded to `Tc` (the longest
+/// completion; padding after the real tokens is never attended to by them).
+#[derive(Debug)]
+pub struct TokenBatch {
+    /// `[n, P + Tc - 1]` inputs.
+    pub batch: Batch,
+    /// `[n, Tc]` u32 completion tokens (pad id past each completion's end).
+    pub targets: Tensor,
+    /// `[n, Tc]` f32: 1 on completion tokens, 0 on padding.
+    pub mask: Tensor,
+    /// Completion lengths.
+    pub lens: Vec<usize>,
+    /// Input tokens that are not padding.
+    pub num_tokens: usize,
+}
+
+/// Builds a [`TokenBatch`]; every completion must have at least one token.
+pub fn token_batch(
+    prompts: &[&[u32]],
+    completions: &[&[u32]],
+    pad_id: u32,
+    device: &Device,
+) -> Result<TokenBatch> {
+    let p = prompts.iter().map(|x| x.len()).max().unwrap_or(0);
+    let tc = completions.iter().map(|c| c.len()).max().unwrap_or(0);
+    if tc == 0 || p == 0 {
+        return Err(super::GrpoError::Other(
+            "token_batch: empty prompt or completion".into(),
+        ));
+    }
+    let n = prompts.len();
+    let mut rows = Vec::with_capacity(n);
+    let mut pads = Vec::with_capacity(n);
+    let mut targets = Vec::with_capacity(n * tc);
+    let mut mask = Vec::with_capacity(n * tc);
+    let mut num_tokens = 0;
+    for (pr, c) in prompts.iter().zip(completions) {
+        let mut padded = c.to_vec();
+        padded.resize(tc, pad_id);
+        let mut row = pr.to_vec();
+        row.extend_from_slice(&padded[..tc - 1]);
+        num_tokens += pr.len() + c.len().saturating_sub(1);
+        pads.push(p - pr.len());
+        rows.push(row);
+        targets.extend_from_slice(&padded);
+        mask.extend((0..tc).map(|j| if j < c.len() { 1f32 } else { 0.0 }));
+    }
+    Ok(TokenBatch {
+        batch: Batch::left_padded(&rows, &pads, 0, pad_id, device)?,
+        targets: Tensor::from_vec(targets, (n, tc), device)?,
+        mask: Tensor::from_vec(mask, (n, tc), device)?,
+        lens: completions.iter().map(|c| c.len()).collect(),
+        num_tokens,
+    })
+}
+
+/// Per-token log-probs `[n, Tc]` (f32) of the batch's completion tokens under `model` at the
+/// sampling `temperature` (as TRL computes them), and with `entropy` the detached per-token
+/// entropies.
+pub fn completion_logprobs(
+    model: &CausalLm,
+    tb: &TokenBatch,
+    grad: bool,
+    entropy: bool,
+    temperature: f64,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let (lp, ent) =
+        sequence_logprobs_entropy(model, &tb.batch, &tb.targets, grad, entropy, temperature)?;
+    let lp = lp.to_dtype(DType::F32)?;
+    let ent = match ent {
+        Some(e) => Some(e.to_dtype(DType::F32)?),
+        None => None,
+    };
+    Ok((lp, ent))
+}
+
+/// Log-probs of every sample's completion tokens without gradients, `batch_size` rows at a
+/// time: one `Vec` per sample, of its completion length.
+pub fn logprobs_no_grad(
+    model: &CausalLm,
+    items: &[PromptItem],
+    samples: &[Sample],
+    batch_size: usize,
+    pad_id: u32,
+    temperature: f64,
+) -> Result<Vec<Vec<f32>>> {
+    let mut out = Vec::with_capacity(samples.len());
+    for chunk in samples.chunks(batch_size.max(1)) {
+        let prompts: Vec<&[u32]> = chunk.iter().map(|s| &items[s.prompt].ids[..]).collect();
+        let comps: Vec<&[u32]> = chunk.iter().map(|s| &s.completion_ids[..]).collect();
+        let tb = token_batch(&prompts, &comps, pad_id, model.device())?;
+        let (lp, _) = completion_logprobs(model, &tb, false, false, temperature)?;
+        let rows: Vec<Vec<f32>> = lp.to_vec2()?;
+        for (r, len) in rows.into_iter().zip(&tb.lens) {
+            out.push(r[..*len].to_vec());
+        }
+    }
+    Ok(out)
+}
+
+/// Stacks per-sample vectors into `[n, tc]`, zero-padded.
+pub fn pad_rows(rows: &[&[f32]], tc: usize, device: &Device) -> Result<Tensor> {
+    let mut v = Vec::with_capacity(rows.len() * tc);
+    for r in rows {
+        v.extend_from_slice(&r[..r.len().min(tc)]);
+        v.extend(std::iter::repeat_n(0f32, tc - r.len().min(tc)));
+    }
+    Ok(Tensor::from_vec(v, (rows.len(), tc), device)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlft_model::config::Family;
+    use rlft_model::tiny::{random_model, tiny_config};
+
+    #[test]
+    fn token_batch_logprobs_equal_single_rows() {
+        let m = random_model(tiny_config(Family::Qwen2), 3, DType::F32, &Device::Cpu).unwrap();
+        let prompts: Vec<Vec<u32>> = vec![vec![5, 6, 7, 8], vec![9, 10]];
+        let comps: Vec<Vec<u32>> = vec![vec![11, 12], vec![13, 14, 15, 16]];
+        let pr: Vec<&[u32]> = prompts.iter().map(|x| &x[..]).collect();
+        let co: Vec<&[u32]> = comps.iter().map(|x| &x[..]).collect();
+        let tb = token_batch(&pr, &co, 0, &Device::Cpu).unwrap();
+        let (lp, ent) = completion_logprobs(&m, &tb, false, true, 1.0).unwrap();
+        let lp: Vec<Vec<f32>> = lp.to_vec2().unwrap();
+        assert!(ent.unwrap().to_vec2::<f32>().unwrap()[0][0] > 0.0);
+        for i in 0..2 {
+            let one = token_batch(&pr[i..=i], &co[i..=i], 0, &Device::Cpu).unwrap();
+            let (l1, _) = completion_logprobs(&m, &one, false, false, 1.0).unwrap();
+            let l1: Vec<f32> = l1.to_vec2().unwrap().remove(0);
+            for (j, v) in l1.iter().enumerate() {
+                assert!((v - lp[i][j]).abs() < 1e-5, "row {i} tok {j}: {v} vs {}", lp[i][j]);
+            }
+        }
+        assert_eq!(tb.mask.to_vec2::<f32>().unwrap()[0], vec![1.0, 1.0, 0.0, 0.0]);
+    }
+}

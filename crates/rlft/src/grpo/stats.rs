@@ -1,0 +1,257 @@
+//! Rollout metrics (TRL's names) and the health signs a GRPO run warns about.
+
+use rlft_rewards::Scores;
+
+/// `(name, value)` metric pairs in logging order.
+pub type Metrics = Vec<(String, f64)>;
+
+fn mean_std(v: &[f64]) -> (f64, f64) {
+    let xs: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    if xs.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let m = xs.iter().sum::<f64>() / xs.len() as f64;
+    if xs.len() < 2 {
+        return (m, 0.0);
+    }
+    let var = xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (xs.len() - 1) as f64;
+    (m, var.sqrt())
+}
+
+/// Reward metrics of one rollout: `reward`, `reward_std` (mean of the group stds, as TRL
+/// logs it), `rewards/<fn>/mean|std` (over the samples where the function applies),
+/// `rewards/<fn>/<part>/mean`, and `failures/<fn>` when a function fell back to its default.
+/// `prefix` is "" for training and "eval/" for eval.
+pub fn reward_metrics(
+    prefix: &str,
+    names: &[String],
+    scores: &Scores,
+    group_std: &[f64],
+) -> Metrics {
+    let mut out = Metrics::new();
+    let (m, _) = mean_std(&scores.total);
+    out.push((format!("{prefix}reward"), m));
+    if !group_std.is_empty() {
+        out.push((
+            format!("{prefix}reward_std"),
+            group_std.iter().sum::<f64>() / group_std.len() as f64,
+        ));
+    }
+    for (name, f) in names.iter().zip(&scores.per_function) {
+        let vals: Vec<f64> = f.scores.iter().map(|s| s.unwrap_or(f64::NAN)).collect();
+        let (m, s) = mean_std(&vals);
+        out.push((format!("{prefix}rewards/{name}/mean"), m));
+        out.push((format!("{prefix}rewards/{name}/std"), s));
+        for (part, v) in &f.parts {
+            out.push((format!("{prefix}rewards/{name}/{part}/mean"), mean_std(v).0));
+        }
+    }
+    for (name, &n) in names.iter().zip(&scores.failures) {
+        if n > 0 {
+            out.push((format!("{prefix}failures/{name}"), n as f64));
+        }
+    }
+    out
+}
+
+/// Completion-length metrics: `completions/mean_length|min_length|max_length|clipped_ratio`.
+pub fn length_metrics(prefix: &str, lens: &[usize], truncated: &[bool]) -> Metrics {
+    let n = lens.len().max(1) as f64;
+    vec![
+        (
+            format!("{prefix}completions/mean_length"),
+            lens.iter().sum::<usize>() as f64 / n,
+        ),
+        (
+            format!("{prefix}completions/min_length"),
+            lens.iter().copied().min().unwrap_or(0) as f64,
+        ),
+        (
+            format!("{prefix}completions/max_length"),
+            lens.iter().copied().max().unwrap_or(0) as f64,
+        ),
+        (
+            format!("{prefix}completions/clipped_ratio"),
+            truncated.iter().filter(|&&t| t).count() as f64 / n,
+        ),
+    ]
+}
+
+/// A warning with its likely fix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthWarning {
+    /// Short identifier (`zero_reward_std`, `kl_high`, `format_up_accuracy_down`,
+    /// `all_truncated`, `non_finite`).
+    pub kind: &'static str,
+    /// What happened and what to try.
+    pub message: String,
+}
+
+/// Watches the metrics of successive steps for GRPO's failure signs. Each sign warns once
+/// when it appears and again only after it has cleared.
+#[derive(Debug, Clone)]
+pub struct HealthMonitor {
+    kl_threshold: f64,
+    zero_std_steps: usize,
+    zero_std_streak: usize,
+    active: Vec<&'static str>,
+    format: Vec<f64>,
+    accuracy: Vec<f64>,
+}
+
+/// Steps compared by the format-vs-accuracy sign (this many recent against as many before).
+const TREND_WINDOW: usize = 5;
+
+impl HealthMonitor {
+    /// A monitor with the config's thresholds.
+    pub fn new(kl_threshold: f64, zero_std_steps: usize) -> Self {
+        HealthMonitor {
+            kl_threshold,
+            zero_std_steps: zero_std_steps.max(1),
+            zero_std_streak: 0,
+            active: Vec::new(),
+            format: Vec::new(),
+            accuracy: Vec::new(),
+        }
+    }
+
+    fn edge(&mut self, kind: &'static str, on: bool, message: impl FnOnce() -> String) -> Option<HealthWarning> {
+        let was = self.active.contains(&kind);
+        if on && !was {
+            self.active.push(kind);
+            return Some(HealthWarning {
+                kind,
+                message: message(),
+            });
+        }
+        if !on && was {
+            self.active.retain(|k| *k != kind);
+        }
+        None
+    }
+
+    /// Looks at one step's metrics (by name); returns the warnings to print.
+    pub fn observe(&mut self, step: u64, metrics: &[(String, f64)]) -> Vec<HealthWarning> {
+        let get = |k: &str| metrics.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+        let find = |pat: &[&str]| {
+            metrics
+                .iter()
+                .find(|(n, _)| {
+                    n.starts_with("rewards/")
+                        && n.ends_with("/mean")
+                        && pat.iter().any(|p| n.to_lowercase().contains(p))
+                })
+                .map(|(_, v)| *v)
+        };
+        let mut out = Vec::new();
+        let std = get("reward_std").unwrap_or(f64::NAN);
+        if std.is_finite() && std < 1e-6 {
+            self.zero_std_streak += 1;
+        } else {
+            self.zero_std_streak = 0;
+        }
+        let n = self.zero_std_steps;
+        let streak = self.zero_std_streak;
+        out.extend(self.edge("zero_reward_std", streak >= n, || {
+            format!(
+                "step {step}: reward_std has been ~0 for {streak} steps: every completion of a \
+                 group gets the same reward, so advantages are 0 and nothing is learned. Raise \
+                 temperature or num_generations, or give partial credit (e.g. a format reward)"
+            )
+        }));
+        if let Some(kl) = get("kl").filter(|k| k.is_finite()) {
+            let th = self.kl_threshold;
+            out.extend(self.edge("kl_high", kl > th, || {
+                format!(
+                    "step {step}: KL to the reference is {kl:.3} (> {th}): the policy is \
+                     drifting fast. Lower learning_rate or raise beta"
+                )
+            }));
+        }
+        if let (Some(f), Some(a)) = (find(&["format"]), find(&["accuracy", "correct"])) {
+            self.format.push(f);
+            self.accuracy.push(a);
+        }
+        let trend = |v: &[f64]| -> Option<f64> {
+            (v.len() >= 2 * TREND_WINDOW).then(|| {
+                let recent = &v[v.len() - TREND_WINDOW..];
+                let before = &v[v.len() - 2 * TREND_WINDOW..v.len() - TREND_WINDOW];
+                (recent.iter().sum::<f64>() - before.iter().sum::<f64>()) / TREND_WINDOW as f64
+            })
+        };
+        let hacking = matches!(
+            (trend(&self.format), trend(&self.accuracy)),
+            (Some(f), Some(a)) if f > 0.1 && a < -0.05
+        );
+        out.extend(self.edge("format_up_accuracy_down", hacking, || {
+            format!(
+                "step {step}: the format reward rises while accuracy falls (last {TREND_WINDOW} \
+                 steps vs the {TREND_WINDOW} before): likely reward hacking. Lower the format \
+                 reward's weight or check that the accuracy reward parses the answer"
+            )
+        }));
+        let clipped = get("completions/clipped_ratio").unwrap_or(0.0);
+        out.extend(self.edge("all_truncated", clipped >= 1.0, || {
+            format!(
+                "step {step}: every completion hit max_completion_length: rewards may never see \
+                 a finished answer. Raise max_completion_length, add a length penalty, or set \
+                 mask_truncated_completions = true"
+            )
+        }));
+        let bad = ["loss", "grad_norm"]
+            .iter()
+            .any(|k| get(k).is_some_and(|v| !v.is_finite()));
+        out.extend(self.edge("non_finite", bad, || {
+            format!(
+                "step {step}: loss or gradient norm is not finite; the update was skipped. \
+                 Lower learning_rate, check rewards for NaN, or use max_grad_norm"
+            )
+        }));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(pairs: &[(&str, f64)]) -> Vec<(String, f64)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    #[test]
+    fn warnings_fire_once_per_episode() {
+        let mut h = HealthMonitor::new(0.5, 3);
+        let zero = m(&[("reward_std", 0.0)]);
+        assert!(h.observe(1, &zero).is_empty());
+        assert!(h.observe(2, &zero).is_empty());
+        let w = h.observe(3, &zero);
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].kind, "zero_reward_std");
+        assert!(h.observe(4, &zero).is_empty());
+        assert!(h.observe(5, &m(&[("reward_std", 0.3)])).is_empty());
+        let w = h.observe(6, &m(&[("reward_std", 0.3), ("kl", 0.9), ("completions/clipped_ratio", 1.0), ("loss", f64::NAN)]));
+        let kinds: Vec<&str> = w.iter().map(|w| w.kind).collect();
+        assert_eq!(kinds, vec!["kl_high", "all_truncated", "non_finite"]);
+    }
+
+    #[test]
+    fn format_up_accuracy_down_is_reward_hacking() {
+        let mut h = HealthMonitor::new(1.0, 5);
+        let mut fired = false;
+        for i in 0..10 {
+            let (f, a) = if i < 5 { (0.2, 0.5) } else { (0.9, 0.3) };
+            let w = h.observe(i, &m(&[("reward_std", 0.5), ("rewards/fmt/format/mean", f), ("rewards/x/accuracy/mean", a)]));
+            fired |= w.iter().any(|w| w.kind == "format_up_accuracy_down");
+        }
+        assert!(fired);
+    }
+
+    #[test]
+    fn length_metrics_count_truncation() {
+        let l = length_metrics("", &[3, 5, 10], &[false, false, true]);
+        assert_eq!(l[0].1, 6.0);
+        assert_eq!((l[1].1, l[2].1), (3.0, 10.0));
+        assert!((l[3].1 - 1.0 / 3.0).abs() < 1e-12);
+    }
+}
