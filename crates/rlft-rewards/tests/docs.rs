@@ -1,0 +1,165 @@
+//! The examples in the crate docs and `docs/rewards.md` work: every TOML snippet parses and
+//! builds, and the Python reward process and server of `docs/rewards.md` answer real batches.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rlft_rewards::{build_reward, RewardError, RewardSet, RewardSpec, Sample};
+use serde::Deserialize;
+use serde_json::json;
+
+#[derive(Deserialize)]
+struct Config {
+    rewards: Vec<RewardSpec>,
+}
+
+fn manifest() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The fenced blocks of `language` in markdown `text` (lines of `//!` docs are unprefixed first).
+fn blocks(text: &str, language: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        let line = line
+            .strip_prefix("//! ")
+            .or(line.strip_prefix("//!"))
+            .unwrap_or(line);
+        match &mut current {
+            None if line.trim() == format!("```{language}") => current = Some(String::new()),
+            Some(block) if line.trim() == "```" => {
+                out.push(std::mem::take(block));
+                current = None;
+            }
+            Some(block) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            None => {}
+        }
+    }
+    out
+}
+
+fn docs_md() -> Option<String> {
+    let path = manifest().join("../../docs/rewards.md");
+    std::fs::read_to_string(&path).ok()
+}
+
+#[test]
+fn toml_snippets_parse_and_build() {
+    let mut sources = vec![std::fs::read_to_string(manifest().join("src/lib.rs")).unwrap()];
+    sources.extend(docs_md());
+    let mut count = 0;
+    for source in &sources {
+        for block in blocks(source, "toml") {
+            let config: Config = toml::from_str(&block).unwrap_or_else(|e| panic!("{e}\n{block}"));
+            RewardSet::new(&config.rewards, None).unwrap_or_else(|e| panic!("{e}\n{block}"));
+            count += config.rewards.len();
+        }
+    }
+    assert!(count >= 12, "only {count} specs in the docs");
+}
+
+#[test]
+fn toml_errors_name_the_problem() {
+    let err = |text: &str| toml::from_str::<Config>(text).err().unwrap().to_string();
+    let e = err("[[rewards]]\ntype = \"python_exp_rule\"\n");
+    assert!(
+        e.contains("unknown reward type `python_exp_rule` (did you mean `python_expr_rule`?)"),
+        "{e}"
+    );
+    let e = err("[[rewards]]\ntype = \"overlong\"\nmax_completion_length = 128\nbufer = 8\n");
+    assert!(
+        e.contains("unknown field `bufer`") && e.contains("`buffer`"),
+        "{e}"
+    );
+    let e = err("[[rewards]]\ntype = \"overlong\"\nmax_completion_length = 128\n");
+    assert!(e.contains("missing field `buffer`"), "{e}");
+}
+
+fn python_ok() -> bool {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "pass"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        println!("note: python3 is not available; skipping");
+    }
+    ok
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+#[test]
+fn python_examples_work() {
+    let Some(md) = docs_md() else {
+        println!("note: docs/rewards.md is absent; skipping");
+        return;
+    };
+    if !python_ok() {
+        return;
+    }
+    let scripts = blocks(&md, "python");
+    assert_eq!(
+        scripts.len(),
+        2,
+        "expected the command and the http examples"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let row = json!({"answer": 26});
+    let batch: Vec<Sample> = ["it is 26", "27"]
+        .iter()
+        .map(|c| Sample {
+            prompt: "",
+            completion: c,
+            row: &row,
+            completion_tokens: 3,
+            truncated: false,
+        })
+        .collect();
+
+    let command = write(dir.path(), "reward.py", &scripts[0]);
+    let spec: RewardSpec =
+        serde_json::from_value(json!({"type": "command", "command": ["python3", command]}))
+            .unwrap();
+    let out = build_reward(&spec).unwrap().score(&batch).unwrap();
+    assert_eq!(out.scores, vec![Some(1.0), Some(0.0)]);
+    assert_eq!(out.part("hit"), Some(&[1.0, 0.0][..]));
+
+    let server = write(dir.path(), "server.py", &scripts[1]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = std::process::Command::new("python3")
+        .arg(&server)
+        .arg(port.to_string())
+        .spawn()
+        .unwrap();
+    let spec: RewardSpec = serde_json::from_value(
+        json!({"type": "http", "url": format!("http://127.0.0.1:{port}/score")}),
+    )
+    .unwrap();
+    let mut reward = build_reward(&spec).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let result = loop {
+        match reward.score(&batch) {
+            Err(RewardError::Http { message, .. })
+                if message.contains("cannot connect") && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => break other,
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(result.unwrap().scores, vec![Some(1.0), Some(0.0)]);
+}
