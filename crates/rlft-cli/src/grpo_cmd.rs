@@ -70,6 +70,11 @@ pub fn run(a: GrpoArgs) -> Result<()> {
             cfg.output_dir.display()
         );
     }
+    // The report (summary card, dashboard, rollout cases) from what the run wrote.
+    match rlft_report::write_report(&cfg.output_dir) {
+        Ok(paths) => eprintln!("report: {}", paths.html.display()),
+        Err(e) => eprintln!("warning: no report written: {e}"),
+    }
     println!(
         "{}",
         json!({

@@ -375,8 +375,6 @@ impl CausalLm {
         mut cache: Option<&mut KvCache>,
         grad: bool,
     ) -> Result<Tensor> {
-        let c = &self.config;
-        let (b, t) = batch.ids.dims2()?;
         if let Some(cache) = cache.as_deref() {
             if cache.num_layers() != self.layers.len() {
                 return Err(ModelError::Invalid(
@@ -384,45 +382,84 @@ impl CausalLm {
                 ));
             }
         }
-        let (cos, sin) = ops::rope_tables(&self.inv_freq, &batch.positions)?;
-        let mut x = self
-            .embed_tokens
-            .index_select(&batch.ids.flatten_all()?, 0)?
-            .reshape((b, t, c.hidden_size))?;
-        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let (mut x, cos, sin) = self.embed(batch)?;
         for (li, layer) in self.layers.iter().enumerate() {
-            let residual = x.clone();
-            let hs = ops::rms_norm(&x, &layer.input_layernorm, c.rms_norm_eps, grad)?;
-            let a = &layer.self_attn;
-            let heads = |p: &Linear, n: usize| -> Result<Tensor> {
-                Ok(p.forward_t(&hs, grad)?
-                    .reshape((b, t, n, hd))?
-                    .transpose(1, 2)?)
-            };
-            let mut q = heads(&a.q_proj, nh)?;
-            let mut k = heads(&a.k_proj, nkv)?;
-            let v = heads(&a.v_proj, nkv)?;
-            if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
-                q = ops::rms_norm(&q, qn, c.rms_norm_eps, grad)?;
-                k = ops::rms_norm(&k, kn, c.rms_norm_eps, grad)?;
-            }
-            let q = ops::apply_rope(&q, &cos, &sin, grad)?;
-            let k = ops::apply_rope(&k, &cos, &sin, grad)?;
+            let (q, k, v) = self.layer_qkv(layer, &x, &cos, &sin, grad)?;
             let (k, v) = match cache.as_deref_mut() {
                 Some(cache) => cache.append(li, &k, &v)?,
                 None => (k, v),
             };
             let attn = ops::attention(&q, &k, &v, &batch.bias, grad)?;
-            let attn = attn.transpose(1, 2)?.reshape((b, t, nh * hd))?;
-            x = (residual + a.o_proj.forward_t(&attn, grad)?)?;
-            let residual = x.clone();
-            let hs = ops::rms_norm(&x, &layer.post_attention_layernorm, c.rms_norm_eps, grad)?;
-            let m = &layer.mlp;
-            let act =
-                (m.gate_proj.forward_t(&hs, grad)?.silu()? * m.up_proj.forward_t(&hs, grad)?)?;
-            x = (residual + m.down_proj.forward_t(&act, grad)?)?;
+            x = self.layer_out(layer, x, &attn, grad)?;
         }
-        ops::rms_norm(&x, &self.norm, c.rms_norm_eps, grad)
+        self.final_norm(&x, grad)
+    }
+
+    /// Input norm, q/k/v projections, q/k norms and rotary embedding of one layer:
+    /// `x [b, t, hidden]` -> `q [b, heads, t, d]`, `k, v [b, kv_heads, t, d]`.
+    pub(crate) fn layer_qkv(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        grad: bool,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let c = &self.config;
+        let (b, t, _) = x.dims3()?;
+        let hd = c.head_dim;
+        let hs = ops::rms_norm(x, &layer.input_layernorm, c.rms_norm_eps, grad)?;
+        let a = &layer.self_attn;
+        let heads = |p: &Linear, n: usize| -> Result<Tensor> {
+            Ok(p.forward_t(&hs, grad)?
+                .reshape((b, t, n, hd))?
+                .transpose(1, 2)?)
+        };
+        let mut q = heads(&a.q_proj, c.num_attention_heads)?;
+        let mut k = heads(&a.k_proj, c.num_key_value_heads)?;
+        let v = heads(&a.v_proj, c.num_key_value_heads)?;
+        if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+            q = ops::rms_norm(&q, qn, c.rms_norm_eps, grad)?;
+            k = ops::rms_norm(&k, kn, c.rms_norm_eps, grad)?;
+        }
+        let q = ops::apply_rope(&q, cos, sin, grad)?;
+        let k = ops::apply_rope(&k, cos, sin, grad)?;
+        Ok((q, k, v))
+    }
+
+    /// The rest of a layer after attention: output projection and residual, then the MLP
+    /// block. `x` is the layer's input, `attn [b, heads, t, d]`.
+    pub(crate) fn layer_out(
+        &self,
+        layer: &Layer,
+        x: Tensor,
+        attn: &Tensor,
+        grad: bool,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        let (b, h, t, d) = attn.dims4()?;
+        let attn = attn.transpose(1, 2)?.reshape((b, t, h * d))?;
+        let x = (x + layer.self_attn.o_proj.forward_t(&attn, grad)?)?;
+        let hs = ops::rms_norm(&x, &layer.post_attention_layernorm, c.rms_norm_eps, grad)?;
+        let m = &layer.mlp;
+        let act = (m.gate_proj.forward_t(&hs, grad)?.silu()? * m.up_proj.forward_t(&hs, grad)?)?;
+        Ok((x + m.down_proj.forward_t(&act, grad)?)?)
+    }
+
+    /// Token embeddings and rotary tables of a batch: `(x [b, t, hidden], cos, sin)`.
+    pub(crate) fn embed(&self, batch: &Batch) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, t) = batch.ids.dims2()?;
+        let (cos, sin) = ops::rope_tables(&self.inv_freq, &batch.positions)?;
+        let x = self
+            .embed_tokens
+            .index_select(&batch.ids.flatten_all()?, 0)?
+            .reshape((b, t, self.config.hidden_size))?;
+        Ok((x, cos, sin))
+    }
+
+    /// The final norm.
+    pub(crate) fn final_norm(&self, x: &Tensor, grad: bool) -> Result<Tensor> {
+        ops::rms_norm(x, &self.norm, self.config.rms_norm_eps, grad)
     }
 
     /// Logits of chosen hidden rows: `hidden [n, hidden] -> [n, vocab]` in f32 (f64 for f64

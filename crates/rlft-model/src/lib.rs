@@ -34,6 +34,7 @@ pub mod lora;
 pub mod ops;
 pub mod peft;
 pub mod safetensors_io;
+pub mod shared_prefix;
 pub mod sampling;
 pub mod testing;
 pub mod tiny;

@@ -248,3 +248,21 @@ fn bad_inputs_fail_with_the_fix() {
         .to_string();
     assert!(e.contains("prompt_column"), "{e}");
 }
+
+#[test]
+fn shared_prompt_pass_equals_plain_rows() {
+    let extra = "beta = 0.04\nnum_iterations = 2";
+    let dir = tempfile::tempdir().unwrap();
+    let (a, wa) = run(&config(dir.path(), extra), &RunOptions::default());
+    let dir2 = tempfile::tempdir().unwrap();
+    let plain = format!("{extra}\nshare_prompts = false");
+    let (b, wb) = run(&config(dir2.path(), &plain), &RunOptions::default());
+    for step in 0..3 {
+        for key in ["loss", "kl", "grad_norm"] {
+            let (x, y) = (metric(&a, step, key), metric(&b, step, key));
+            assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{key} step {step}: {x} vs {y}");
+        }
+    }
+    let d = max_diff(&wa, &wb);
+    assert!(d < 1e-4, "weights differ by {d}");
+}

@@ -199,3 +199,39 @@ fn bad_data_is_reported() {
         .to_string();
     assert!(e.contains("empty"), "{e}");
 }
+
+#[test]
+fn non_finite_loss_skips_the_step_and_counts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = setup(dir.path());
+    cfg.max_steps = 3;
+    let mut p = prepare(&cfg, Path::new(&cfg.model), &Device::Cpu).unwrap();
+    // Poison one weight: every forward gives a NaN loss.
+    let (name, var) = p
+        .vars
+        .iter()
+        .find(|(n, _)| n.contains("embed_tokens"))
+        .unwrap()
+        .clone();
+    let poisoned = (var.as_tensor() * f64::NAN).unwrap();
+    var.set(&poisoned).unwrap();
+    let before: Vec<Vec<f32>> = p
+        .vars
+        .iter()
+        .map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
+        .collect();
+    let s = train(&cfg, &mut p, &RunOptions::default()).unwrap();
+    assert_eq!(s.global_step, 3, "the run goes on");
+    assert_eq!(s.skipped_steps, 3, "every step is skipped and counted ({name})");
+    let after: Vec<Vec<f32>> = p
+        .vars
+        .iter()
+        .map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
+        .collect();
+    // No update was applied: every weight is what it was (NaN stays NaN, bit for bit).
+    for (a, b) in before.iter().zip(&after) {
+        assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+    let log = std::fs::read_to_string(cfg.output_dir.join("metrics.jsonl")).unwrap();
+    assert!(log.contains("\"skipped_steps\":3"), "{log}");
+}

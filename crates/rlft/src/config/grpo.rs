@@ -119,6 +119,10 @@ pub struct GrpoConfig {
     pub reward_weights: Option<Vec<f64>>,
     /// Exclude completions that hit max_completion_length from the loss (DAPO).
     pub mask_truncated_completions: bool,
+    /// Run each prompt once per micro-batch and let its completions attend to its keys and
+    /// values (policy, old and reference passes); same log-probs and gradients as recomputing
+    /// the prompt per completion, fewer tokens. false = the plain rows (for comparison).
+    pub share_prompts: bool,
     /// Seed of sampling, shuffling and LoRA initialisation/dropout.
     pub seed: u64,
     /// bf16 weights/activations with f32 master weights (f32 stays the default on CPU).
@@ -197,6 +201,7 @@ impl Default for GrpoConfig {
             advantage_clip: 0.0,
             reward_weights: None,
             mask_truncated_completions: false,
+            share_prompts: true,
             seed: 42,
             bf16: false,
             use_peft: false,
@@ -260,6 +265,7 @@ pub const GRPO_KEYS: &[&str] = &[
     "advantage_clip",
     "reward_weights",
     "mask_truncated_completions",
+    "share_prompts",
     "seed",
     "bf16",
     "use_peft",

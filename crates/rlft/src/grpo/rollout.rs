@@ -8,6 +8,7 @@ use candle_core::{DType, Device, Tensor};
 use rlft_model::decoder::{Batch, CausalLm};
 use rlft_model::generate::{generate, FinishReason, GenerateRequest};
 use rlft_model::sampling::SamplingParams;
+use rlft_model::shared_prefix::{shared_prefix_batch, shared_prefix_logprobs};
 use rlft_model::trainable::sequence_logprobs_entropy;
 use rlft_text::TextBundle;
 
@@ -165,6 +166,72 @@ pub fn completion_logprobs(
     Ok((lp, ent))
 }
 
+/// Log-probs of a set of samples' completion tokens.
+pub struct ScoredBatch {
+    /// `[n, Tc]` per-token log-probs (f32).
+    pub logprobs: Tensor,
+    /// `[n, Tc]` detached entropies, when asked for.
+    pub entropy: Option<Tensor>,
+    /// `[n, Tc]` f32: 1 on completion tokens.
+    pub mask: Tensor,
+    /// Completion lengths.
+    pub lens: Vec<usize>,
+    /// Input tokens computed (padding excluded).
+    pub num_tokens: usize,
+}
+
+/// Per-token log-probs of `samples` (completions of `items`) under `model`, at `temperature`.
+/// With `share_prompts` each distinct prompt runs once and its completions attend to its
+/// keys/values ([`rlft_model::shared_prefix`]); the result (and its gradients) equal the
+/// unshared `prompt + completion` rows.
+pub fn score_batch(
+    model: &CausalLm,
+    items: &[PromptItem],
+    samples: &[&Sample],
+    pad_id: u32,
+    grad: bool,
+    entropy: bool,
+    temperature: f64,
+    share_prompts: bool,
+) -> Result<ScoredBatch> {
+    let comps: Vec<&[u32]> = samples.iter().map(|s| &s.completion_ids[..]).collect();
+    let device = model.device();
+    if share_prompts {
+        let mut unique: Vec<usize> = Vec::new();
+        let mut group = Vec::with_capacity(samples.len());
+        for s in samples {
+            let g = match unique.iter().position(|&u| u == s.prompt) {
+                Some(g) => g,
+                None => {
+                    unique.push(s.prompt);
+                    unique.len() - 1
+                }
+            };
+            group.push(g);
+        }
+        let prompts: Vec<&[u32]> = unique.iter().map(|&u| &items[u].ids[..]).collect();
+        let sb = shared_prefix_batch(&prompts, &comps, &group, pad_id, device)?;
+        let (lp, ent) = shared_prefix_logprobs(model, &sb, grad, entropy, temperature)?;
+        return Ok(ScoredBatch {
+            logprobs: lp.to_dtype(DType::F32)?,
+            entropy: ent.map(|e| e.to_dtype(DType::F32)).transpose()?,
+            mask: sb.mask,
+            lens: sb.lens,
+            num_tokens: sb.num_tokens,
+        });
+    }
+    let prompts: Vec<&[u32]> = samples.iter().map(|s| &items[s.prompt].ids[..]).collect();
+    let tb = token_batch(&prompts, &comps, pad_id, device)?;
+    let (lp, ent) = completion_logprobs(model, &tb, grad, entropy, temperature)?;
+    Ok(ScoredBatch {
+        logprobs: lp,
+        entropy: ent,
+        mask: tb.mask,
+        lens: tb.lens,
+        num_tokens: tb.num_tokens,
+    })
+}
+
 /// Log-probs of every sample's completion tokens without gradients, `batch_size` rows at a
 /// time: one `Vec` per sample, of its completion length.
 pub fn logprobs_no_grad(
@@ -174,15 +241,23 @@ pub fn logprobs_no_grad(
     batch_size: usize,
     pad_id: u32,
     temperature: f64,
+    share_prompts: bool,
 ) -> Result<Vec<Vec<f32>>> {
     let mut out = Vec::with_capacity(samples.len());
     for chunk in samples.chunks(batch_size.max(1)) {
-        let prompts: Vec<&[u32]> = chunk.iter().map(|s| &items[s.prompt].ids[..]).collect();
-        let comps: Vec<&[u32]> = chunk.iter().map(|s| &s.completion_ids[..]).collect();
-        let tb = token_batch(&prompts, &comps, pad_id, model.device())?;
-        let (lp, _) = completion_logprobs(model, &tb, false, false, temperature)?;
-        let rows: Vec<Vec<f32>> = lp.to_vec2()?;
-        for (r, len) in rows.into_iter().zip(&tb.lens) {
+        let refs: Vec<&Sample> = chunk.iter().collect();
+        let sb = score_batch(
+            model,
+            items,
+            &refs,
+            pad_id,
+            false,
+            false,
+            temperature,
+            share_prompts,
+        )?;
+        let rows: Vec<Vec<f32>> = sb.logprobs.to_vec2()?;
+        for (r, len) in rows.into_iter().zip(&sb.lens) {
             out.push(r[..*len].to_vec());
         }
     }

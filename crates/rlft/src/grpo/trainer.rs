@@ -27,8 +27,8 @@ use super::algo::{
 };
 use super::eval::{evaluate, sample_reward_parts, score_samples, EvalSettings};
 use super::rollout::{
-    completion_logprobs, logprobs_no_grad, pad_rows, rollout_model, sample_completions,
-    token_batch, RolloutSettings, Sample,
+    logprobs_no_grad, pad_rows, rollout_model, sample_completions, score_batch, RolloutSettings,
+    Sample,
 };
 use super::samples::{LoggedSample, SampleLog};
 use super::setup::{optim_settings, Prepared};
@@ -174,7 +174,7 @@ impl Loop<'_> {
         let old = if plan.steps_per_rollout > 1 {
             Some(timed(times, "old_logprobs", || {
                 let m = rlft_model::trainable::detached(&self.p.model);
-                logprobs_no_grad(&m, &self.p.train, &samples, batch, self.p.pad_id, cfg.temperature)
+                logprobs_no_grad(&m, &self.p.train, &samples, batch, self.p.pad_id, cfg.temperature, cfg.share_prompts)
             })?)
         } else {
             None
@@ -185,7 +185,7 @@ impl Loop<'_> {
                     Some(r) => r.clone(),
                     None => rlft_model::trainable::detached(&self.p.model).adapters_disabled(),
                 };
-                logprobs_no_grad(&m, &self.p.train, &samples, batch, self.p.pad_id, cfg.temperature)
+                logprobs_no_grad(&m, &self.p.train, &samples, batch, self.p.pad_id, cfg.temperature, cfg.share_prompts)
             })?)
         } else {
             None
@@ -237,21 +237,23 @@ impl Loop<'_> {
         let mut weighted: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
         let device = self.p.model.device().clone();
         for mb in idx.chunks(cfg.per_device_train_batch_size) {
-            let prompts: Vec<&[u32]> = mb
-                .iter()
-                .map(|&i| &self.p.train[r.samples[i].prompt].ids[..])
-                .collect();
-            let comps: Vec<&[u32]> = mb
-                .iter()
-                .map(|&i| &r.samples[i].completion_ids[..])
-                .collect();
-            let tb = token_batch(&prompts, &comps, self.p.pad_id, &device)?;
-            let tc = tb.targets.dim(1)?;
+            let refs: Vec<&Sample> = mb.iter().map(|&i| &r.samples[i]).collect();
+            let sb = score_batch(
+                &self.p.model,
+                &self.p.train,
+                &refs,
+                self.p.pad_id,
+                true,
+                true,
+                cfg.temperature,
+                cfg.share_prompts,
+            )?;
+            let tc = sb.mask.dim(1)?;
             let row_keep: Vec<f32> = mb.iter().map(|&i| f32::from(u8::from(keep(i)))).collect();
-            let mask = tb
+            let mask = sb
                 .mask
                 .broadcast_mul(&Tensor::from_vec(row_keep, (mb.len(), 1), &device)?)?;
-            let (logp, ent) = completion_logprobs(&self.p.model, &tb, true, true, cfg.temperature)?;
+            let (logp, ent) = (sb.logprobs, sb.entropy);
             let rows = |v: &Option<Vec<Vec<f32>>>| -> Result<Option<Tensor>> {
                 match v {
                     Some(v) => {
@@ -306,7 +308,7 @@ impl Loop<'_> {
                     add("entropy", s / c);
                 }
             }
-            tokens += tb.num_tokens;
+            tokens += sb.num_tokens;
             let grads = rlft_model::trainable::backward(&out.loss, &self.p.vars)?;
             acc.add(&grads, 1.0)?;
         }

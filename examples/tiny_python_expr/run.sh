@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# tiny_python_expr end to end: build the dataset, train with GRPO, write the report.
+# Every setting comes from an environment variable (defaults: the CPU run on the embedded
+# SmolLM2-135M-Instruct with LoRA, about 15 minutes on 2 cores). Examples:
+#
+#   ./examples/tiny_python_expr/run.sh
+#   MAX_STEPS=10 ./examples/tiny_python_expr/run.sh                      # a quick look
+#   SKIP_DATASET_BUILD=1 RUN_NAME=lr1e-4 LEARNING_RATE=1e-4 ./examples/tiny_python_expr/run.sh
+#   CONFIG=examples/tiny_python_expr/config.toml MODEL=/models/Qwen2.5-0.5B-Instruct ./examples/tiny_python_expr/run.sh
+#
+# Settings (empty = the config file's value):
+#   CONFIG                config file        (examples/tiny_python_expr/cpu.toml)
+#   MODEL                 HF dir, .gguf or "default"
+#   DATA_DIR              dataset directory  (examples/tiny_python_expr/data/tiny_python_expr)
+#   ARTIFACTS_DIR         runs go here       (examples/tiny_python_expr/artifacts)
+#   RUN_NAME              run directory name (cpu-default)
+#   SEED, TRAIN_SIZE, TEST_SIZE              dataset (42, 128, 32) and training seed
+#   SKIP_DATASET_BUILD=1  reuse DATA_DIR instead of building it
+#   MAX_STEPS, NUM_GENERATIONS, ROLLOUT_BATCH_SIZE, LEARNING_RATE, BETA, TEMPERATURE,
+#   MAX_COMPLETION_LENGTH, USE_PEFT, LORA_R, EVAL_STEPS, SAVE_STEPS      training overrides
+#   DEVICE                cpu | cuda | cuda:N (cpu)
+#   RESUME=1              continue the run from its latest checkpoint
+#   EXTRA_ARGS            more `rlft grpo` arguments, e.g. "--set top_p=0.95"
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+CONFIG=${CONFIG:-examples/tiny_python_expr/cpu.toml}
+MODEL=${MODEL:-}
+DATA_DIR=${DATA_DIR:-examples/tiny_python_expr/data/tiny_python_expr}
+ARTIFACTS_DIR=${ARTIFACTS_DIR:-examples/tiny_python_expr/artifacts}
+RUN_NAME=${RUN_NAME:-cpu-default}
+SEED=${SEED:-42}
+TRAIN_SIZE=${TRAIN_SIZE:-128}
+TEST_SIZE=${TEST_SIZE:-32}
+SKIP_DATASET_BUILD=${SKIP_DATASET_BUILD:-0}
+DEVICE=${DEVICE:-cpu}
+RESUME=${RESUME:-0}
+OUT="$ARTIFACTS_DIR/$RUN_NAME"
+
+echo "== build"
+if [[ "$DEVICE" == cuda* ]]; then
+  cargo build --release -p rlft-cli --features cuda
+else
+  cargo build --release -p rlft-cli
+fi
+RLFT=./target/release/rlft
+if [[ -z "$MODEL" || "$MODEL" == default ]]; then
+  ./scripts/fetch-default-model.sh >/dev/null
+fi
+
+if [[ "$SKIP_DATASET_BUILD" == 1 ]]; then
+  if [[ ! -f "$DATA_DIR/dataset_dict.json" ]]; then
+    echo "error: SKIP_DATASET_BUILD=1 but $DATA_DIR holds no dataset (no dataset_dict.json)." >&2
+    echo "Build it once with:" >&2
+    echo "  ./target/release/rlft data tiny-python-expr --output $DATA_DIR --seed $SEED --train-size $TRAIN_SIZE --test-size $TEST_SIZE" >&2
+    echo "or run without SKIP_DATASET_BUILD=1 (or point DATA_DIR at an existing one)." >&2
+    exit 2
+  fi
+  echo "== dataset: reusing $DATA_DIR"
+else
+  echo "== dataset -> $DATA_DIR"
+  "$RLFT" data tiny-python-expr --output "$DATA_DIR" --seed "$SEED" \
+    --train-size "$TRAIN_SIZE" --test-size "$TEST_SIZE" --overwrite
+fi
+
+SETS=(--set "dataset=$DATA_DIR" --set "output_dir=$OUT" --set "seed=$SEED")
+add() { if [[ -n "${2:-}" ]]; then SETS+=(--set "$1=$2"); fi; }
+add model "$MODEL"
+add max_steps "${MAX_STEPS:-}"
+add num_generations "${NUM_GENERATIONS:-}"
+add rollout_batch_size "${ROLLOUT_BATCH_SIZE:-}"
+add learning_rate "${LEARNING_RATE:-}"
+add beta "${BETA:-}"
+add temperature "${TEMPERATURE:-}"
+add max_completion_length "${MAX_COMPLETION_LENGTH:-}"
+add use_peft "${USE_PEFT:-}"
+add lora.r "${LORA_R:-}"
+add eval_steps "${EVAL_STEPS:-}"
+add save_steps "${SAVE_STEPS:-}"
+RESUME_ARG=()
+if [[ "$RESUME" == 1 ]]; then RESUME_ARG=(--resume); fi
+
+echo "== train -> $OUT"
+# shellcheck disable=SC2086
+"$RLFT" grpo --config "$CONFIG" --device "$DEVICE" "${SETS[@]}" "${RESUME_ARG[@]}" ${EXTRA_ARGS:-}
+
+# `rlft grpo` writes the report at the end ($OUT/report/); `rlft report $OUT` redraws it any time.
+echo "report: $OUT/report/report.html"
