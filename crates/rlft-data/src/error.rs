@@ -225,6 +225,36 @@ pub enum DataError {
     /// Bad arguments to [`crate::train_test_split`].
     #[error("train_test_split: {0}")]
     InvalidSplit(String),
+
+    /// Options of a synthetic dataset generator ([`crate::synth`]) that cannot work.
+    #[error("{generator}: {message}")]
+    InvalidSynthOptions {
+        /// The generator (`tiny_python_expr`).
+        generator: &'static str,
+        /// What is wrong and the fix.
+        message: String,
+    },
+
+    /// A synthetic generator could not find enough distinct rows for a split: the space of
+    /// rows its options allow is (nearly) used up.
+    #[error(
+        "{generator}: the {split} split needs {wanted} distinct rows but only {found} were \
+         found ({reason}); lower the {split} size or widen the range ({hint})"
+    )]
+    SynthExhausted {
+        /// The generator (`tiny_python_expr`).
+        generator: &'static str,
+        /// The split being built.
+        split: &'static str,
+        /// Rows asked for.
+        wanted: usize,
+        /// Distinct rows found.
+        found: usize,
+        /// Why it gave up (duplicates in a row, or too much work for one new row).
+        reason: String,
+        /// The options that widen the space.
+        hint: &'static str,
+    },
 }
 
 fn suggestion_suffix(suggestion: &Option<String>) -> String {

@@ -48,6 +48,15 @@
 //! Round trips through any format give back identical rows when each column holds one JSON type
 //! (or null) and every object in a column has the same keys; a key missing from some objects
 //! comes back as `null`, and integers in a float column come back as floats.
+//!
+//! # Synthetic datasets
+//!
+//! [`synth::tiny_python_expr`] generates the seed example's prompt set (integer arithmetic
+//! expressions; options for seed, sizes, operators `+ - * // % **`, depth, leaf and value
+//! ranges). For any options its rows, and its JSONL bytes, equal those of the Python reference
+//! `scripts/reference/tiny_python_expr_reference.py`, which for the defaults is the original
+//! generator; that rests on [`pyrandom::PyRandom`], a bit-exact twin of CPython's
+//! `random.Random`. See the [`synth`] docs and `docs/datasets.md`.
 
 #![warn(missing_docs)]
 
@@ -59,7 +68,9 @@ mod hf;
 mod jsonl;
 mod load;
 mod parquet_io;
+pub mod pyrandom;
 pub mod split;
+pub mod synth;
 mod to_arrow;
 mod to_json;
 mod validate;
