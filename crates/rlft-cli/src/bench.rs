@@ -18,6 +18,10 @@ use crate::common::{chat_prompt_ids, load, peak_rss_mib, reset_peak_rss, rss_mib
 pub enum Case {
     /// Batch of chat prompts (~60 tokens), exactly N new tokens each, pure sampling at T=1.
     Generate,
+    /// GRPO steps in the configuration of the reference's grpo.py (2 prompts x 4 generations,
+    /// <= 32 new tokens, beta 0.001, full fine-tune, f32); `--reps` timed steps after one
+    /// warm-up step; with --against-reference grpo.py runs the same number of steps.
+    Grpo,
 }
 
 /// `rlft bench`.
@@ -185,8 +189,12 @@ fn run_reference(a: &BenchArgs) -> Result<Value> {
 
 /// Runs `rlft bench`.
 pub fn run(a: BenchArgs) -> Result<()> {
+    if a.case == Case::Grpo {
+        return run_grpo(&a);
+    }
     let ours = match a.case {
         Case::Generate => bench_generate(&a)?,
+        Case::Grpo => unreachable!("handled above"),
     };
     let mut result = json!({"rlft": ours});
     if a.against_reference {
@@ -237,6 +245,59 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
         println!(
             "speedup (tokens/s, rlft / reference): {:.2}x",
+            result["speedup"].as_f64().unwrap_or(f64::NAN)
+        );
+    }
+    Ok(())
+}
+
+fn run_grpo(a: &BenchArgs) -> Result<()> {
+    let model = crate::default_model::resolve(&a.model.model)?;
+    let steps = a.reps + 1;
+    let ours = crate::bench_grpo::bench_grpo(&model, steps)?;
+    let mut result = json!({"rlft": ours});
+    if a.against_reference {
+        let hf = expand_home("~/.cache/rlft-baseline/smollm2-135m-hf");
+        let r = crate::bench_grpo::run_reference(
+            &expand_home(&a.reference_python),
+            &a.reference_dir,
+            &hf,
+            steps,
+        )?;
+        let ratio = r["step_s_median_excl_first"].as_f64().unwrap_or(f64::NAN)
+            / result["rlft"]["step_s_median_excl_first"]
+                .as_f64()
+                .unwrap_or(f64::NAN);
+        result["reference"] = json!({
+            "step_s": r["step_s"],
+            "step_s_median_excl_first": r["step_s_median_excl_first"],
+            "step_phase_s_median": r["step_phase_s_median"],
+            "peak_rss_process_mib": r["peak_rss_process_mib"],
+        });
+        result["speedup"] = json!(ratio);
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+        return Ok(());
+    }
+    let o = &result["rlft"];
+    println!(
+        "rlft:      median {:.2} s/step (steps {}), peak RSS {:.0} MiB, phases {}",
+        o["step_s_median_excl_first"].as_f64().unwrap_or(f64::NAN),
+        o["step_s"],
+        o["peak_rss_mib"].as_f64().unwrap_or(f64::NAN),
+        o["phase_s_median"]
+    );
+    if let Some(r) = result.get("reference") {
+        println!(
+            "reference: median {:.2} s/step (steps {}), peak RSS {:.0} MiB, phases {}",
+            r["step_s_median_excl_first"].as_f64().unwrap_or(f64::NAN),
+            r["step_s"],
+            r["peak_rss_process_mib"].as_f64().unwrap_or(f64::NAN),
+            r["step_phase_s_median"]
+        );
+        println!(
+            "speedup (reference s/step / rlft s/step): {:.2}x",
             result["speedup"].as_f64().unwrap_or(f64::NAN)
         );
     }

@@ -245,7 +245,10 @@ pub fn run_reward(a: RewardArgs) -> Result<()> {
             .into_iter()
             .map(|(k, v)| (k, json!(v)))
             .collect();
-        println!("{}", json!({"index": i, "reward": scores.total[i], "rewards": parts}));
+        println!(
+            "{}",
+            json!({"index": i, "reward": scores.total[i], "rewards": parts})
+        );
     }
     let mean = scores.total.iter().sum::<f64>() / scores.total.len() as f64;
     eprintln!(

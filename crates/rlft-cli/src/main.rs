@@ -1,6 +1,7 @@
 //! `rlft`: reinforcement-learning fine-tuning of LLMs, one binary, no Python at run time.
 
 mod bench;
+mod bench_grpo;
 mod common;
 mod data_cmd;
 mod default_model;

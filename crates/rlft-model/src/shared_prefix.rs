@@ -115,7 +115,10 @@ impl CausalLm {
         let hp = self.final_norm(&xp, grad)?;
         let hs = self.final_norm(&xs, grad)?;
         let tp = hp.dim(1)?;
-        let last = hp.narrow(1, tp - 1, 1)?.contiguous()?.index_select(&sb.group, 0)?;
+        let last = hp
+            .narrow(1, tp - 1, 1)?
+            .contiguous()?
+            .index_select(&sb.group, 0)?;
         let tc = sb.targets.dim(1)?;
         if tc == 1 {
             return Ok(last);
@@ -190,7 +193,12 @@ mod tests {
             let p0: Vec<u32> = vec![5, 6, 7, 8, 9];
             let p1: Vec<u32> = vec![10, 11];
             let prompts: Vec<&[u32]> = vec![&p0, &p1];
-            let c: Vec<Vec<u32>> = vec![vec![12, 13, 14], vec![15], vec![16, 17], vec![18, 19, 20, 21]];
+            let c: Vec<Vec<u32>> = vec![
+                vec![12, 13, 14],
+                vec![15],
+                vec![16, 17],
+                vec![18, 19, 20, 21],
+            ];
             let comps: Vec<&[u32]> = c.iter().map(|x| &x[..]).collect();
             let group = [0, 0, 1, 1];
             let sb = shared_prefix_batch(&prompts, &comps, &group, 0, &Device::Cpu).unwrap();
@@ -208,10 +216,29 @@ mod tests {
             let ga = loss(&shared).backward().unwrap();
             let gb = loss(&plain).backward().unwrap();
             for (name, v) in &vars {
-                let (x, y) = (ga.get(v.as_tensor()).unwrap(), gb.get(v.as_tensor()).unwrap());
-                let d = (x - y).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-                let s = y.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-                assert!(d <= 1e-4 * s.max(1e-3), "{family:?} {name}: {d} vs scale {s}");
+                let (x, y) = (
+                    ga.get(v.as_tensor()).unwrap(),
+                    gb.get(v.as_tensor()).unwrap(),
+                );
+                let d = (x - y)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                let s = y
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
+                assert!(
+                    d <= 1e-4 * s.max(1e-3),
+                    "{family:?} {name}: {d} vs scale {s}"
+                );
             }
         }
     }

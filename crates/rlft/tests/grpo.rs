@@ -149,7 +149,11 @@ fn smoke_run_writes_everything_and_is_deterministic() {
     let (s2, w2) = run(&cfg2, &RunOptions::default());
     for step in 0..3 {
         for key in ["loss", "reward", "kl", "grad_norm"] {
-            assert_eq!(metric(&s, step, key), metric(&s2, step, key), "{key} step {step}");
+            assert_eq!(
+                metric(&s, step, key),
+                metric(&s2, step, key),
+                "{key} step {step}"
+            );
         }
     }
     assert_eq!(max_diff(&w, &w2), 0.0);
@@ -217,7 +221,11 @@ fn lora_with_kl_trains_adapters_only() {
         "use_peft = true\nbeta = 0.1\nlearning_rate = 1e-2\n[lora]\nr = 4\nlora_alpha = 8\ntarget_modules = [\"q_proj\", \"v_proj\"]",
     );
     let (s, w) = run(&cfg, &RunOptions::default());
-    assert!(w.iter().all(|(n, _)| n.contains("lora_")), "{:?}", w.iter().map(|x| &x.0).collect::<Vec<_>>());
+    assert!(
+        w.iter().all(|(n, _)| n.contains("lora_")),
+        "{:?}",
+        w.iter().map(|x| &x.0).collect::<Vec<_>>()
+    );
     // Step 1 starts at the base model: KL exactly 0; later steps drift.
     assert_eq!(metric(&s, 0, "kl"), 0.0);
     assert!(metric(&s, 2, "kl") > 0.0);
@@ -260,7 +268,10 @@ fn shared_prompt_pass_equals_plain_rows() {
     for step in 0..3 {
         for key in ["loss", "kl", "grad_norm"] {
             let (x, y) = (metric(&a, step, key), metric(&b, step, key));
-            assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{key} step {step}: {x} vs {y}");
+            assert!(
+                (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                "{key} step {step}: {x} vs {y}"
+            );
         }
     }
     let d = max_diff(&wa, &wb);

@@ -222,7 +222,10 @@ fn non_finite_loss_skips_the_step_and_counts_it() {
         .collect();
     let s = train(&cfg, &mut p, &RunOptions::default()).unwrap();
     assert_eq!(s.global_step, 3, "the run goes on");
-    assert_eq!(s.skipped_steps, 3, "every step is skipped and counted ({name})");
+    assert_eq!(
+        s.skipped_steps, 3,
+        "every step is skipped and counted ({name})"
+    );
     let after: Vec<Vec<f32>> = p
         .vars
         .iter()

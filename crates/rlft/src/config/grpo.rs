@@ -285,13 +285,25 @@ pub const GRPO_KEYS: &[&str] = &[
 
 /// LightRFT / OpenRLHF names accepted as aliases: (alias, canonical key, meaning).
 pub const ALIASES: &[(&str, &str, &str)] = &[
-    ("n_samples_per_prompt", "num_generations", "completions per prompt"),
-    ("micro_train_batch_size", "per_device_train_batch_size", "completions per micro-batch"),
+    (
+        "n_samples_per_prompt",
+        "num_generations",
+        "completions per prompt",
+    ),
+    (
+        "micro_train_batch_size",
+        "per_device_train_batch_size",
+        "completions per micro-batch",
+    ),
     ("init_kl_coef", "beta", "KL coefficient"),
     ("prompt_max_len", "max_prompt_length", "prompt tokens"),
     ("generate_max_len", "max_completion_length", "new tokens"),
     ("actor_learning_rate", "learning_rate", "learning rate"),
-    ("num_episodes", "num_train_epochs", "passes over the prompts"),
+    (
+        "num_episodes",
+        "num_train_epochs",
+        "passes over the prompts",
+    ),
     ("max_epochs", "num_iterations", "passes over each rollout"),
     ("eps_clip", "epsilon", "clip range"),
     ("advantage_clamp", "advantage_clip", "advantage clamp"),
@@ -448,10 +460,7 @@ impl GrpoConfig {
         let rollout_prompts = rollout_completions / self.num_generations;
         let steps_per_rollout = rollout_completions / train_batch * self.num_iterations;
         let (rollouts, total_steps) = if self.max_steps > 0 {
-            (
-                self.max_steps.div_ceil(steps_per_rollout),
-                self.max_steps,
-            )
+            (self.max_steps.div_ceil(steps_per_rollout), self.max_steps)
         } else {
             let per_epoch = num_prompts as f64 / rollout_prompts as f64;
             let r = (per_epoch * self.num_train_epochs).ceil().max(1.0) as usize;
@@ -561,7 +570,7 @@ impl GrpoConfig {
                 self.eval_decoding
             ));
         }
-        if !(self.temperature > 0.0) {
+        if self.temperature.is_nan() || self.temperature <= 0.0 {
             return bad(format!(
                 "temperature must be > 0 for rollouts (got {}); GRPO needs varied samples",
                 self.temperature
@@ -636,7 +645,10 @@ mod tests {
         let keys: Vec<&String> = d.as_table().unwrap().keys().collect();
         assert_eq!(keys.len(), GRPO_KEYS.len());
         for k in keys {
-            assert!(GRPO_KEYS.contains(&k.as_str()), "{k} missing from GRPO_KEYS");
+            assert!(
+                GRPO_KEYS.contains(&k.as_str()),
+                "{k} missing from GRPO_KEYS"
+            );
         }
     }
 
@@ -644,8 +656,14 @@ mod tests {
     fn plan_follows_trl_arithmetic() {
         let c = parse("per_device_train_batch_size = 4\ngradient_accumulation_steps = 2\nnum_generations = 4\nmax_steps = 10").unwrap();
         let p = c.plan(100);
-        assert_eq!((p.train_batch, p.rollout_completions, p.rollout_prompts), (8, 8, 2));
-        assert_eq!((p.steps_per_rollout, p.total_steps, p.rollouts), (1, 10, 10));
+        assert_eq!(
+            (p.train_batch, p.rollout_completions, p.rollout_prompts),
+            (8, 8, 2)
+        );
+        assert_eq!(
+            (p.steps_per_rollout, p.total_steps, p.rollouts),
+            (1, 10, 10)
+        );
         // Epoch-based: 100 prompts / 2 per rollout = 50 rollouts.
         let c = parse("per_device_train_batch_size = 4\ngradient_accumulation_steps = 2\nnum_generations = 4\nnum_train_epochs = 1").unwrap();
         assert_eq!(c.plan(100).total_steps, 50);
@@ -665,7 +683,9 @@ mod tests {
         assert_eq!(c.beta, 0.001);
         let p = c.plan(128);
         assert_eq!((p.rollout_prompts, p.steps_per_rollout), (16, 4));
-        let e = parse("init_kl_coef = 0.1\nbeta = 0.2").unwrap_err().to_string();
+        let e = parse("init_kl_coef = 0.1\nbeta = 0.2")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("alias"), "{e}");
     }
 
@@ -681,7 +701,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("[[rewards]]"), "{e}");
-        let e = parse("reward_weights = [1.0, 2.0]").unwrap_err().to_string();
+        let e = parse("reward_weights = [1.0, 2.0]")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("2 entries"), "{e}");
         let e = parse("loss_type = \"ppo\"").unwrap_err().to_string();
         assert!(e.contains("loss_type") || e.contains("grpo"), "{e}");

@@ -122,7 +122,12 @@ pub fn build_prompts(
         let msgs = messages(row, prompt_column, i, system_prompt)?;
         let rendered = match &template {
             Some(t) => t.render(&msgs, &opts)?,
-            None => match (msgs.len(), msgs.last().and_then(|m| m.content.as_ref()).and_then(|c| c.as_text())) {
+            None => match (
+                msgs.len(),
+                msgs.last()
+                    .and_then(|m| m.content.as_ref())
+                    .and_then(|c| c.as_text()),
+            ) {
                 (1, Some(s)) => s.to_string(),
                 _ => {
                     return Err(GrpoError::Data(format!(
@@ -183,8 +188,8 @@ mod tests {
             json!({"prompt": "a much longer prompt with many words in it to exceed", "answer": "3"}),
         ])
         .unwrap();
-        let (p, r) = build_prompts(&ds, &text, "prompt", Some("sys"), 1000, PromptPolicy::Drop)
-            .unwrap();
+        let (p, r) =
+            build_prompts(&ds, &text, "prompt", Some("sys"), 1000, PromptPolicy::Drop).unwrap();
         assert_eq!(p.len(), 3);
         assert_eq!(r.dropped, 0);
         assert!(p[0].text.contains("sys") && p[0].text.contains("hello"));
@@ -193,9 +198,15 @@ mod tests {
         let (p2, r2) =
             build_prompts(&ds, &text, "prompt", Some("sys"), limit, PromptPolicy::Drop).unwrap();
         assert_eq!((p2.len(), r2.dropped), (2, 1));
-        let (p3, r3) =
-            build_prompts(&ds, &text, "prompt", Some("sys"), limit, PromptPolicy::Truncate)
-                .unwrap();
+        let (p3, r3) = build_prompts(
+            &ds,
+            &text,
+            "prompt",
+            Some("sys"),
+            limit,
+            PromptPolicy::Truncate,
+        )
+        .unwrap();
         assert_eq!((p3.len(), r3.truncated), (3, 1));
         assert_eq!(p3[2].ids.len(), limit);
         assert_eq!(p3[2].ids.last(), p[2].ids.last());

@@ -180,20 +180,38 @@ pub struct ScoredBatch {
     pub num_tokens: usize,
 }
 
-/// Per-token log-probs of `samples` (completions of `items`) under `model`, at `temperature`.
-/// With `share_prompts` each distinct prompt runs once and its completions attend to its
-/// keys/values ([`rlft_model::shared_prefix`]); the result (and its gradients) equal the
+/// How [`score_batch`] computes.
+#[derive(Debug, Clone, Copy)]
+pub struct ScoreOptions {
+    /// Padding id.
+    pub pad_id: u32,
+    /// Differentiable (policy) or not (old policy, reference).
+    pub grad: bool,
+    /// Also the per-token entropies (detached).
+    pub entropy: bool,
+    /// Sampling temperature the log-probs are taken at.
+    pub temperature: f64,
+    /// One prompt pass per distinct prompt (see [`score_batch`]).
+    pub share_prompts: bool,
+}
+
+/// Per-token log-probs of `samples` (completions of `items`) under `model`, at the sampling
+/// temperature. With `share_prompts` each distinct prompt runs once and its completions attend
+/// to its keys/values ([`rlft_model::shared_prefix`]); the result (and its gradients) equal the
 /// unshared `prompt + completion` rows.
 pub fn score_batch(
     model: &CausalLm,
     items: &[PromptItem],
     samples: &[&Sample],
-    pad_id: u32,
-    grad: bool,
-    entropy: bool,
-    temperature: f64,
-    share_prompts: bool,
+    o: ScoreOptions,
 ) -> Result<ScoredBatch> {
+    let ScoreOptions {
+        pad_id,
+        grad,
+        entropy,
+        temperature,
+        share_prompts,
+    } = o;
     let comps: Vec<&[u32]> = samples.iter().map(|s| &s.completion_ids[..]).collect();
     let device = model.device();
     if share_prompts {
@@ -246,16 +264,14 @@ pub fn logprobs_no_grad(
     let mut out = Vec::with_capacity(samples.len());
     for chunk in samples.chunks(batch_size.max(1)) {
         let refs: Vec<&Sample> = chunk.iter().collect();
-        let sb = score_batch(
-            model,
-            items,
-            &refs,
+        let o = ScoreOptions {
             pad_id,
-            false,
-            false,
+            grad: false,
+            entropy: false,
             temperature,
             share_prompts,
-        )?;
+        };
+        let sb = score_batch(model, items, &refs, o)?;
         let rows: Vec<Vec<f32>> = sb.logprobs.to_vec2()?;
         for (r, len) in rows.into_iter().zip(&sb.lens) {
             out.push(r[..*len].to_vec());
@@ -296,9 +312,16 @@ mod tests {
             let (l1, _) = completion_logprobs(&m, &one, false, false, 1.0).unwrap();
             let l1: Vec<f32> = l1.to_vec2().unwrap().remove(0);
             for (j, v) in l1.iter().enumerate() {
-                assert!((v - lp[i][j]).abs() < 1e-5, "row {i} tok {j}: {v} vs {}", lp[i][j]);
+                assert!(
+                    (v - lp[i][j]).abs() < 1e-5,
+                    "row {i} tok {j}: {v} vs {}",
+                    lp[i][j]
+                );
             }
         }
-        assert_eq!(tb.mask.to_vec2::<f32>().unwrap()[0], vec![1.0, 1.0, 0.0, 0.0]);
+        assert_eq!(
+            tb.mask.to_vec2::<f32>().unwrap()[0],
+            vec![1.0, 1.0, 0.0, 0.0]
+        );
     }
 }

@@ -128,7 +128,10 @@ mod tests {
         let mut log = SampleLog::open(dir.path(), Some(1)).unwrap();
         log.write(2, &[s("c")]).unwrap();
         let text = std::fs::read_to_string(log.path()).unwrap();
-        let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[1]["completion"], "c");
         assert_eq!(lines[0]["reward"], "NaN");

@@ -115,7 +115,12 @@ impl HealthMonitor {
         }
     }
 
-    fn edge(&mut self, kind: &'static str, on: bool, message: impl FnOnce() -> String) -> Option<HealthWarning> {
+    fn edge(
+        &mut self,
+        kind: &'static str,
+        on: bool,
+        message: impl FnOnce() -> String,
+    ) -> Option<HealthWarning> {
         let was = self.active.contains(&kind);
         if on && !was {
             self.active.push(kind);
@@ -230,7 +235,15 @@ mod tests {
         assert_eq!(w[0].kind, "zero_reward_std");
         assert!(h.observe(4, &zero).is_empty());
         assert!(h.observe(5, &m(&[("reward_std", 0.3)])).is_empty());
-        let w = h.observe(6, &m(&[("reward_std", 0.3), ("kl", 0.9), ("completions/clipped_ratio", 1.0), ("loss", f64::NAN)]));
+        let w = h.observe(
+            6,
+            &m(&[
+                ("reward_std", 0.3),
+                ("kl", 0.9),
+                ("completions/clipped_ratio", 1.0),
+                ("loss", f64::NAN),
+            ]),
+        );
         let kinds: Vec<&str> = w.iter().map(|w| w.kind).collect();
         assert_eq!(kinds, vec!["kl_high", "all_truncated", "non_finite"]);
     }
@@ -241,7 +254,14 @@ mod tests {
         let mut fired = false;
         for i in 0..10 {
             let (f, a) = if i < 5 { (0.2, 0.5) } else { (0.9, 0.3) };
-            let w = h.observe(i, &m(&[("reward_std", 0.5), ("rewards/fmt/format/mean", f), ("rewards/x/accuracy/mean", a)]));
+            let w = h.observe(
+                i,
+                &m(&[
+                    ("reward_std", 0.5),
+                    ("rewards/fmt/format/mean", f),
+                    ("rewards/x/accuracy/mean", a),
+                ]),
+            );
             fired |= w.iter().any(|w| w.kind == "format_up_accuracy_down");
         }
         assert!(fired);

@@ -28,7 +28,7 @@ use super::algo::{
 use super::eval::{evaluate, sample_reward_parts, score_samples, EvalSettings};
 use super::rollout::{
     logprobs_no_grad, pad_rows, rollout_model, sample_completions, score_batch, RolloutSettings,
-    Sample,
+    Sample, ScoreOptions,
 };
 use super::samples::{LoggedSample, SampleLog};
 use super::setup::{optim_settings, Prepared};
@@ -66,7 +66,14 @@ struct RolloutData {
     old: Option<Vec<Vec<f32>>>,
     reference: Option<Vec<Vec<f32>>>,
     metrics: Metrics,
-    logged: Vec<(usize, Vec<(String, f64)>, f64)>,
+    logged: Vec<Logged>,
+}
+
+/// A completion picked for samples.jsonl: its index, reward parts and total.
+struct Logged {
+    index: usize,
+    parts: Vec<(String, f64)>,
+    total: f64,
 }
 
 struct Loop<'a> {
@@ -174,7 +181,15 @@ impl Loop<'_> {
         let old = if plan.steps_per_rollout > 1 {
             Some(timed(times, "old_logprobs", || {
                 let m = rlft_model::trainable::detached(&self.p.model);
-                logprobs_no_grad(&m, &self.p.train, &samples, batch, self.p.pad_id, cfg.temperature, cfg.share_prompts)
+                logprobs_no_grad(
+                    &m,
+                    &self.p.train,
+                    &samples,
+                    batch,
+                    self.p.pad_id,
+                    cfg.temperature,
+                    cfg.share_prompts,
+                )
             })?)
         } else {
             None
@@ -185,7 +200,15 @@ impl Loop<'_> {
                     Some(r) => r.clone(),
                     None => rlft_model::trainable::detached(&self.p.model).adapters_disabled(),
                 };
-                logprobs_no_grad(&m, &self.p.train, &samples, batch, self.p.pad_id, cfg.temperature, cfg.share_prompts)
+                logprobs_no_grad(
+                    &m,
+                    &self.p.train,
+                    &samples,
+                    batch,
+                    self.p.pad_id,
+                    cfg.temperature,
+                    cfg.share_prompts,
+                )
             })?)
         } else {
             None
@@ -199,12 +222,10 @@ impl Loop<'_> {
         let logged = (0..samples.len())
             .step_by(cfg.num_generations)
             .take(cfg.num_completions_to_log)
-            .map(|i| {
-                (
-                    i,
-                    sample_reward_parts(&self.names, &scores, i),
-                    scores.total[i],
-                )
+            .map(|i| Logged {
+                index: i,
+                parts: sample_reward_parts(&self.names, &scores, i),
+                total: scores.total[i],
             })
             .collect();
         Ok(RolloutData {
@@ -238,21 +259,19 @@ impl Loop<'_> {
         let device = self.p.model.device().clone();
         for mb in idx.chunks(cfg.per_device_train_batch_size) {
             let refs: Vec<&Sample> = mb.iter().map(|&i| &r.samples[i]).collect();
-            let sb = score_batch(
-                &self.p.model,
-                &self.p.train,
-                &refs,
-                self.p.pad_id,
-                true,
-                true,
-                cfg.temperature,
-                cfg.share_prompts,
-            )?;
+            let o = ScoreOptions {
+                pad_id: self.p.pad_id,
+                grad: true,
+                entropy: true,
+                temperature: cfg.temperature,
+                share_prompts: cfg.share_prompts,
+            };
+            let sb = score_batch(&self.p.model, &self.p.train, &refs, o)?;
             let tc = sb.mask.dim(1)?;
             let row_keep: Vec<f32> = mb.iter().map(|&i| f32::from(u8::from(keep(i)))).collect();
-            let mask = sb
-                .mask
-                .broadcast_mul(&Tensor::from_vec(row_keep, (mb.len(), 1), &device)?)?;
+            let mask =
+                sb.mask
+                    .broadcast_mul(&Tensor::from_vec(row_keep, (mb.len(), 1), &device)?)?;
             let (logp, ent) = (sb.logprobs, sb.entropy);
             let rows = |v: &Option<Vec<Vec<f32>>>| -> Result<Option<Tensor>> {
                 match v {
@@ -287,7 +306,10 @@ impl Loop<'_> {
                     max_completion_length: cfg.max_completion_length,
                 },
             )?;
-            loss_sum += out.loss.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?;
+            loss_sum += out
+                .loss
+                .to_dtype(candle_core::DType::F64)?
+                .to_scalar::<f64>()?;
             let ntok = out.stats.tokens;
             let mut add = |k: &'static str, v: f64| {
                 let e = weighted.entry(k).or_insert((0.0, 0.0));
@@ -313,9 +335,10 @@ impl Loop<'_> {
             acc.add(&grads, 1.0)?;
         }
         let mut grads = acc.finish();
-        let lr = self
-            .sched
-            .lr_at(self.state.rlft.scheduler_step as usize, self.p.plan.total_steps);
+        let lr = self.sched.lr_at(
+            self.state.rlft.scheduler_step as usize,
+            self.p.plan.total_steps,
+        );
         let norm = if cfg.max_grad_norm > 0.0 {
             clip_grad_norm(&mut grads, &vars, cfg.max_grad_norm)?.total_norm
         } else {
@@ -434,7 +457,11 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
         }
         state = ck.trainer_state;
         pos = state.rlft.data_position;
-        eprintln!("resumed from {} (step {})", dir.display(), state.global_step);
+        eprintln!(
+            "resumed from {} (step {})",
+            dir.display(),
+            state.global_step
+        );
     }
     let config_text = toml::to_string(cfg).unwrap_or_default();
     std::fs::write(out_dir.join("config.toml"), config_text)
@@ -445,19 +472,17 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
     } else {
         MetricsLogger::create(&out_dir, tensorboard)?
     };
-    let mut samples_log = SampleLog::open(
-        &out_dir,
-        resume_from.as_ref().map(|_| state.global_step),
-    )
-    .map_err(|e| GrpoError::Other(format!("{}: {e}", out_dir.display())))?;
+    let mut samples_log =
+        SampleLog::open(&out_dir, resume_from.as_ref().map(|_| state.global_step))
+            .map_err(|e| GrpoError::Other(format!("{}: {e}", out_dir.display())))?;
     let names = p.rewards.names();
     let eval_cfg = eval_settings(cfg, &p.generation.eos_token_ids, p.pad_id);
     let mut summary = GrpoSummary::default();
     let run_eval = |p: &mut Prepared,
-                        step: u64,
-                        epoch: f64,
-                        metrics: &mut MetricsLogger,
-                        log: &mut SampleLog|
+                    step: u64,
+                    epoch: f64,
+                    metrics: &mut MetricsLogger,
+                    log: &mut SampleLog|
      -> Result<Option<Metrics>> {
         if p.eval.is_empty() {
             return Ok(None);
@@ -541,8 +566,10 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
                 let mut step_times = Metrics::new();
                 let step_m = lp.step(&r, &idx, &mut step_times)?;
                 lp.state.global_step += 1;
-                lp.state.num_input_tokens_seen +=
-                    idx.iter().map(|&i| r.samples[i].completion_ids.len() as u64).sum::<u64>();
+                lp.state.num_input_tokens_seen += idx
+                    .iter()
+                    .map(|&i| r.samples[i].completion_ids.len() as u64)
+                    .sum::<u64>();
                 lp.state.epoch = lp.pos.epoch as f64 + lp.pos.index as f64 / per_epoch;
                 ran += 1;
                 let step = lp.state.global_step;
@@ -589,7 +616,8 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
                     let logged: Vec<LoggedSample<'_>> = r
                         .logged
                         .iter()
-                        .map(|(i, parts, total)| {
+                        .map(|l| {
+                            let (i, parts, total) = (&l.index, &l.parts, &l.total);
                             let s = &r.samples[*i];
                             LoggedSample {
                                 split: "train",
@@ -622,10 +650,7 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
                 if cfg.save_steps > 0 && step.is_multiple_of(cfg.save_steps as u64) {
                     save_due = true;
                 }
-                progress.update(
-                    step,
-                    &short(&m, &[("reward", "reward"), ("kl", "kl")]),
-                );
+                progress.update(step, &short(&m, &[("reward", "reward"), ("kl", "kl")]));
                 summary.steps.push(m);
             }
         }
@@ -653,7 +678,10 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
             &mut samples_log,
         )?;
         if let Some(m) = &summary.eval_final {
-            eprintln!("eval after training: {}", short(m, &[("eval/reward", "reward")]));
+            eprintln!(
+                "eval after training: {}",
+                short(m, &[("eval/reward", "reward")])
+            );
         }
         summary.final_dir = Some(train_setup::export_final(
             &out_dir,

@@ -1,0 +1,227 @@
+//! `rlft bench grpo`: GRPO steps in the configuration of the reference's
+//! `../shared/bench/trl_cpu/grpo.py` (SmolLM2-135M-Instruct, f32, full fine-tune, 2 prompts x 4
+//! generations per step, at most 32 new tokens, beta 0.001, lr 1e-6, TRL's loss and defaults),
+//! on the same 64 prompts: the reference's `make_dataset` rebuilt with the CPython-compatible
+//! RNG, so both sides see identical prompt texts.
+//!
+//! Simplification: the correctness reward is `boxed_accuracy` (normalised comparison, e.g.
+//! `26.0` equals `26`) where the reference compares the stripped boxed text exactly; it only
+//! changes scores, not the work of a step.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+use rlft::config::grpo::GrpoConfig;
+use rlft::sft::RunOptions;
+use rlft_data::pyrandom::PyRandom;
+use serde_json::{json, Value};
+
+use crate::common::{peak_rss_mib, reset_peak_rss};
+
+/// Python's value of `a op b` for + - * on small ints.
+fn apply(a: i64, op: char, b: i64) -> i64 {
+    match op {
+        '+' => a + b,
+        '-' => a - b,
+        _ => a * b,
+    }
+}
+
+/// `a op1 b op2 c` with Python precedence (* before + and -, left to right otherwise).
+fn eval3(a: i64, op1: char, b: i64, op2: char, c: i64) -> i64 {
+    if op2 == '*' && op1 != '*' {
+        apply(a, op1, b * c)
+    } else {
+        apply(apply(a, op1, b), op2, c)
+    }
+}
+
+/// The rows of grpo.py's `make_dataset(n, seed)`: `prompt` (one user message) and `answer`.
+pub fn reference_prompts(n: usize, seed: u64) -> Vec<Value> {
+    let mut rng = PyRandom::new(seed);
+    let ops = ['+', '-', '*'];
+    let mut rows = Vec::with_capacity(n);
+    while rows.len() < n {
+        let a = rng.randint(1, 20);
+        let b = rng.randint(1, 20);
+        let c = rng.randint(1, 9);
+        let op1 = ops[rng.choice(3)];
+        let op2 = ops[rng.choice(3)];
+        let forms = [
+            (format!("{a} {op1} {b} {op2} {c}"), eval3(a, op1, b, op2, c)),
+            (
+                format!("({a} {op1} {b}) {op2} {c}"),
+                apply(apply(a, op1, b), op2, c),
+            ),
+            (format!("{a} {op1} {b}"), apply(a, op1, b)),
+        ];
+        let (expr, answer) = forms[rng.choice(3)].clone();
+        let msg = format!(
+            "Compute the value of the Python expression `{expr}`. Put the final answer in \\boxed{{}}."
+        );
+        rows.push(
+            json!({"prompt": [{"role": "user", "content": msg}], "answer": answer.to_string()}),
+        );
+    }
+    rows
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+const PHASES: [&str; 6] = [
+    "generate",
+    "reward",
+    "advantages",
+    "old_logprobs",
+    "ref_logprobs",
+    "update",
+];
+
+/// Runs `steps` GRPO steps (the first is a warm-up, excluded from the medians).
+pub fn bench_grpo(model: &Path, steps: usize) -> Result<Value> {
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("prompts.jsonl");
+    let text: String = reference_prompts(64, 0)
+        .iter()
+        .map(|r| format!("{r}\n"))
+        .collect();
+    std::fs::write(&data, text)?;
+    let toml_text = format!(
+        r#"
+model = "{}"
+output_dir = "{}"
+dataset = "{}"
+num_generations = 4
+per_device_train_batch_size = 8
+max_completion_length = 32
+learning_rate = 1e-6
+beta = 0.001
+max_steps = {steps}
+report_to = ["jsonl"]
+reward_weights = [0.1, 0.9]
+seed = 0
+logging_steps = 1
+num_completions_to_log = 0
+
+[[rewards]]
+type = "regex_format"
+name = "format_reward"
+pattern = '\\boxed\{{([^{{}}]*)\}}'
+
+[[rewards]]
+type = "boxed_accuracy"
+name = "correctness_reward"
+answer_field = "answer"
+"#,
+        model.display(),
+        dir.path().join("out").display(),
+        data.display()
+    );
+    let cfg = GrpoConfig::from_table(toml_text.parse()?, "bench grpo")?;
+    let mut p = rlft::grpo::prepare(&cfg, model, &Device::Cpu)?;
+    let rss_reset = reset_peak_rss();
+    let s = rlft::grpo::train(&cfg, &mut p, &RunOptions::default())?;
+    let peak = peak_rss_mib();
+    let get = |m: &[(String, f64)], k: &str| {
+        m.iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| *v)
+            .unwrap_or(0.0)
+    };
+    let timed = &s.steps[1.min(s.steps.len())..];
+    let step_s: Vec<f64> = s
+        .steps
+        .iter()
+        .map(|m| PHASES.iter().map(|ph| get(m, &format!("time/{ph}"))).sum())
+        .collect();
+    let mut phases = serde_json::Map::new();
+    for ph in PHASES {
+        let v: Vec<f64> = timed
+            .iter()
+            .map(|m| get(m, &format!("time/{ph}")))
+            .collect();
+        phases.insert(ph.into(), json!(median(v)));
+    }
+    Ok(json!({
+        "step_s": step_s,
+        "step_s_median_excl_first": median(step_s[1.min(step_s.len())..].to_vec()),
+        "phase_s_median": phases,
+        "peak_rss_mib": peak,
+        "peak_rss_is_process_peak": !rss_reset,
+        "reward_mean": median(timed.iter().map(|m| get(m, "reward")).collect()),
+    }))
+}
+
+/// Runs the reference grpo.py for `steps` steps and returns its result JSON.
+pub fn run_reference(python: &Path, dir: &Path, model_dir: &Path, steps: usize) -> Result<Value> {
+    let script = dir.join("grpo.py");
+    if !python.exists() || !script.exists() {
+        bail!(
+            "reference not found ({} / {}); build it with `bash {}/setup.sh`",
+            python.display(),
+            script.display(),
+            dir.display()
+        );
+    }
+    let tmp = tempfile::tempdir()?;
+    let out = tmp.path().join("grpo.json");
+    let status = std::process::Command::new(python)
+        .arg(&script)
+        .arg("--max-steps")
+        .arg(steps.to_string())
+        .arg("--model")
+        .arg(model_dir)
+        .arg("--out")
+        .arg(&out)
+        .env("OMP_NUM_THREADS", "2")
+        .env("TOKENIZERS_PARALLELISM", "false")
+        .stdout(std::process::Stdio::null())
+        .status()
+        .context("run the reference grpo.py")?;
+    if !status.success() {
+        bail!("reference grpo.py failed ({status})");
+    }
+    Ok(serde_json::from_str(&std::fs::read_to_string(&out)?)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_precedence() {
+        assert_eq!(eval3(2, '+', 3, '*', 4), 14);
+        assert_eq!(eval3(2, '*', 3, '+', 4), 10);
+        assert_eq!(eval3(2, '-', 3, '-', 4), -5);
+        assert_eq!(eval3(2, '*', 3, '*', 4), 24);
+    }
+
+    #[test]
+    fn prompts_are_deterministic() {
+        let a = reference_prompts(64, 0);
+        assert_eq!(a.len(), 64);
+        assert_eq!(a, reference_prompts(64, 0));
+        // Printed by grpo.py's make_dataset(64, 0) with CPython 3.
+        let expr = |i: usize| a[i]["prompt"][0]["content"].as_str().unwrap().to_string();
+        assert_eq!(
+            expr(0),
+            "Compute the value of the Python expression `(13 - 14) * 1`. Put the final answer in \\boxed{}."
+        );
+        assert!(expr(1).contains("`13 - 10 * 8`"));
+        assert_eq!(a[1]["answer"], "-67");
+        assert!(expr(63).contains("`(16 - 4) + 8`"));
+        assert_eq!(a[63]["answer"], "20");
+    }
+}
