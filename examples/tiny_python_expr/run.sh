@@ -37,6 +37,14 @@ DEVICE=${DEVICE:-cpu}
 RESUME=${RESUME:-0}
 OUT="$ARTIFACTS_DIR/$RUN_NAME"
 
+if [[ "$SKIP_DATASET_BUILD" == 1 && ! -f "$DATA_DIR/dataset_dict.json" ]]; then
+  echo "error: SKIP_DATASET_BUILD=1 but $DATA_DIR holds no dataset (no dataset_dict.json)." >&2
+  echo "Build it once with:" >&2
+  echo "  ./target/release/rlft data tiny-python-expr --output $DATA_DIR --seed $SEED --train-size $TRAIN_SIZE --test-size $TEST_SIZE" >&2
+  echo "or run without SKIP_DATASET_BUILD=1 (or point DATA_DIR at an existing one)." >&2
+  exit 2
+fi
+
 echo "== build"
 if [[ "$DEVICE" == cuda* ]]; then
   cargo build --release -p rlft-cli --features cuda
@@ -49,13 +57,6 @@ if [[ -z "$MODEL" || "$MODEL" == default ]]; then
 fi
 
 if [[ "$SKIP_DATASET_BUILD" == 1 ]]; then
-  if [[ ! -f "$DATA_DIR/dataset_dict.json" ]]; then
-    echo "error: SKIP_DATASET_BUILD=1 but $DATA_DIR holds no dataset (no dataset_dict.json)." >&2
-    echo "Build it once with:" >&2
-    echo "  ./target/release/rlft data tiny-python-expr --output $DATA_DIR --seed $SEED --train-size $TRAIN_SIZE --test-size $TEST_SIZE" >&2
-    echo "or run without SKIP_DATASET_BUILD=1 (or point DATA_DIR at an existing one)." >&2
-    exit 2
-  fi
   echo "== dataset: reusing $DATA_DIR"
 else
   echo "== dataset -> $DATA_DIR"

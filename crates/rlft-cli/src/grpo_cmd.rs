@@ -30,7 +30,8 @@ pub struct GrpoArgs {
     /// Continue from the latest checkpoint in output_dir.
     #[arg(long)]
     pub resume: bool,
-    /// Stop after this many optimiser steps (a checkpoint is saved; continue with --resume).
+    /// Stop after this many optimiser steps, at the end of the rollout that reaches them (a
+    /// checkpoint is saved; continue with --resume).
     #[arg(long)]
     pub stop_after: Option<u64>,
     /// Device: cpu, cuda or cuda:N.

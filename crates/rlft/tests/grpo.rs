@@ -248,6 +248,23 @@ fn bad_inputs_fail_with_the_fix() {
         .unwrap()
         .to_string();
     assert!(e.contains("solution"), "{e}");
+    // An external reward that prints garbage, or crashes: the error names the reward.
+    for (script, expect) in [
+        ("while read l; do echo garbage; done", "garbage"),
+        ("read l; exit 3", "exit"),
+    ] {
+        let text = format!(
+            "model = \"{}\"\ndataset = \"{}\"\n[[rewards]]\ntype = \"command\"\nname = \"ext\"\ncommand = [\"sh\", \"-c\", \"{script}\"]\ntimeout_s = 5\n",
+            cfg.model,
+            cfg.dataset.display()
+        );
+        let bad = GrpoConfig::from_table(text.parse().unwrap(), "t").unwrap();
+        let e = prepare(&bad, Path::new(&bad.model), &Device::Cpu)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("ext") && e.contains(expect), "{e}");
+    }
     // The prompt column is missing.
     cfg.prompt_column = "question".into();
     let e = prepare(&cfg, Path::new(&cfg.model), &Device::Cpu)
