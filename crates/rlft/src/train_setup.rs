@@ -52,11 +52,14 @@ pub fn optimizer(s: &OptimSettings, vars: &[(String, Var)]) -> Result<AdamW, Tra
 
 /// The LR schedule of the settings.
 pub fn scheduler(s: &OptimSettings) -> Result<LrScheduler, TrainError> {
-    let schedule = match LrSchedule::from_name(&s.lr_scheduler_type)? {
-        LrSchedule::CosineWithMinLr { .. } => LrSchedule::CosineWithMinLr {
+    // `cosine_with_min_lr` takes its final fraction from `min_lr_rate` (TRL's
+    // `lr_scheduler_kwargs`), so it is built here rather than from the name alone.
+    let schedule = if s.lr_scheduler_type == "cosine_with_min_lr" {
+        LrSchedule::CosineWithMinLr {
             min_lr_rate: s.min_lr_rate,
-        },
-        other => other,
+        }
+    } else {
+        LrSchedule::from_name(&s.lr_scheduler_type)?
     };
     let warmup = if s.warmup_steps > 0 {
         Warmup::Steps(s.warmup_steps)
@@ -153,4 +156,34 @@ pub fn export_final(
         eprintln!("wrote {}", out.display());
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_schedule_name_builds() {
+        let mut s = OptimSettings {
+            learning_rate: 1e-3,
+            adam_beta1: 0.9,
+            adam_beta2: 0.999,
+            adam_epsilon: 1e-8,
+            weight_decay: 0.0,
+            lr_scheduler_type: String::new(),
+            min_lr_rate: 0.1,
+            warmup_ratio: 0.0,
+            warmup_steps: 0,
+        };
+        for name in ["constant", "linear", "cosine", "cosine_with_min_lr"] {
+            s.lr_scheduler_type = name.into();
+            let sched = scheduler(&s).unwrap();
+            let end = sched.lr_at(100, 100);
+            if name == "cosine_with_min_lr" {
+                assert!((end - 1e-4).abs() < 1e-12, "{end}");
+            }
+        }
+        s.lr_scheduler_type = "cosine_restarts".into();
+        assert!(scheduler(&s).is_err());
+    }
 }

@@ -606,6 +606,21 @@ impl GrpoConfig {
         if self.use_peft && self.lora.r == 0 {
             return bad("lora.r must be >= 1".into());
         }
+        if !matches!(
+            self.lr_scheduler_type.as_str(),
+            "constant" | "constant_with_warmup" | "linear" | "cosine" | "cosine_with_min_lr"
+        ) {
+            return bad(format!(
+                "lr_scheduler_type {:?} is unknown; use \"constant\", \"linear\", \"cosine\" or \"cosine_with_min_lr\" (with min_lr_rate)",
+                self.lr_scheduler_type
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.min_lr_rate) {
+            return bad(format!(
+                "min_lr_rate must be in [0, 1] (got {})",
+                self.min_lr_rate
+            ));
+        }
         if self.logging_steps == 0 {
             return bad("logging_steps must be >= 1".into());
         }

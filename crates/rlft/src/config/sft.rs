@@ -267,6 +267,15 @@ impl SftConfig {
         if self.eval_size < 0.0 {
             return bad(format!("eval_size must be >= 0 (got {})", self.eval_size));
         }
+        if !matches!(
+            self.lr_scheduler_type.as_str(),
+            "constant" | "constant_with_warmup" | "linear" | "cosine" | "cosine_with_min_lr"
+        ) {
+            return bad(format!(
+                "lr_scheduler_type {:?} is unknown; use \"constant\", \"linear\", \"cosine\" or \"cosine_with_min_lr\" (with min_lr_rate)",
+                self.lr_scheduler_type
+            ));
+        }
         if self.use_peft && self.lora.r == 0 {
             return bad("lora.r must be >= 1".into());
         }
