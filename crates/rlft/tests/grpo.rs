@@ -79,7 +79,13 @@ fn run(cfg: &GrpoConfig, opts: &RunOptions) -> (GrpoSummary, Vec<(String, Vec<f3
         .map(|(n, v)| {
             (
                 n.clone(),
-                v.as_tensor().flatten_all().unwrap().to_vec1().unwrap(),
+                v.as_tensor()
+                    .to_dtype(candle_core::DType::F32)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap(),
             )
         })
         .collect();
@@ -293,4 +299,16 @@ fn shared_prompt_pass_equals_plain_rows() {
     }
     let d = max_diff(&wa, &wb);
     assert!(d < 1e-4, "weights differ by {d}");
+}
+
+#[test]
+fn bf16_weights_train_with_f32_loss_maths() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "bf16 = true\nbeta = 0.04");
+    let (s, w) = run(&cfg, &RunOptions::default());
+    assert_eq!(s.global_step, 3);
+    for key in ["loss", "kl", "grad_norm", "reward"] {
+        assert!(metric(&s, 2, key).is_finite(), "{key}");
+    }
+    assert!(w.iter().all(|(_, v)| v.iter().all(|x| x.is_finite())));
 }
