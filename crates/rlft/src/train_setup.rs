@@ -7,6 +7,7 @@ use candle_core::{Tensor, Var};
 use rlft_model::lora::{attach_lora, LoraConfig};
 use rlft_model::{CausalLm, GenerationConfig, ModelError};
 use rlft_text::TextBundle;
+use rlft_train::checkpoint::{Checkpoint, DataPosition, OptimizerState, TrainerState, Weights};
 use rlft_train::{AdamW, AdamWConfig, LrSchedule, LrScheduler, ParamGroup, TrainError, Warmup};
 use serde_json::Value;
 
@@ -156,6 +157,87 @@ pub fn export_final(
         eprintln!("wrote {}", out.display());
     }
     Ok(out)
+}
+
+/// Where a trainer is in its data: a shuffled order per epoch (deterministic from the seed), so
+/// a checkpoint's [`DataPosition`] resumes at exactly the next example.
+#[derive(Debug, Clone)]
+pub struct DataCursor {
+    len: usize,
+    seed: u64,
+    pos: DataPosition,
+    order: Vec<usize>,
+}
+
+/// Shuffled order of `epoch` over `n` items.
+fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
+    rlft_data::split::permutation(n, seed.wrapping_add(epoch.wrapping_mul(0x9E37_79B9)))
+}
+
+impl DataCursor {
+    /// A cursor over `len` items at `pos` (the default position starts epoch 0).
+    pub fn new(len: usize, seed: u64, pos: DataPosition) -> Self {
+        DataCursor {
+            len,
+            seed,
+            order: epoch_order(len, seed, pos.epoch),
+            pos,
+        }
+    }
+
+    /// The next `n` item indices, reshuffling at each epoch end.
+    pub fn take(&mut self, n: usize) -> Vec<usize> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            if self.pos.index as usize >= self.len {
+                self.pos.epoch += 1;
+                self.pos.index = 0;
+                self.order = epoch_order(self.len, self.seed, self.pos.epoch);
+            }
+            out.push(self.order[self.pos.index as usize]);
+            self.pos.index += 1;
+        }
+        out
+    }
+
+    /// The position to checkpoint.
+    pub fn position(&self) -> DataPosition {
+        self.pos
+    }
+
+    /// Fractional epochs done (`epoch + index / len`), as `trainer_state.json` reports it.
+    pub fn epoch(&self) -> f64 {
+        self.pos.epoch as f64 + self.pos.index as f64 / self.len.max(1) as f64
+    }
+}
+
+/// A checkpoint of a run: the trainable weights (and adapter config), the AdamW state, the
+/// trainer state with the data position, and the trainer's RNG description.
+pub fn checkpoint(
+    vars: &[(String, Var)],
+    adapter_config: Option<&Value>,
+    opt: &AdamW,
+    state: &TrainerState,
+    data: &DataCursor,
+    rng_state: Value,
+) -> Result<Checkpoint, TrainError> {
+    let mut state = state.clone();
+    state.rlft.data_position = data.position();
+    Ok(Checkpoint {
+        weights: Weights {
+            tensors: vars
+                .iter()
+                .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
+                .collect(),
+            adapter_config: adapter_config.cloned(),
+        },
+        optimizer: Some(OptimizerState {
+            tensors: opt.state_tensors()?,
+            state: serde_json::json!({"kernel": "adamw"}),
+        }),
+        trainer_state: state,
+        rng_state,
+    })
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@ use std::time::Instant;
 use candle_core::{Tensor, Var};
 use rlft_model::sampling::SamplingParams;
 use rlft_train::checkpoint::{
-    latest_checkpoint, load_checkpoint, Checkpoint, CheckpointManager, DataPosition,
-    OptimizerState, RlftState, TrainerState, Weights,
+    latest_checkpoint, load_checkpoint, Checkpoint, CheckpointManager, DataPosition, RlftState,
+    TrainerState,
 };
 use rlft_train::metrics::MetricsLogger;
 use rlft_train::progress::Progress;
@@ -36,7 +36,7 @@ use super::stats::{length_metrics, reward_metrics, HealthMonitor, Metrics};
 use super::{GrpoError, Result};
 use crate::config::grpo::GrpoConfig;
 use crate::sft::RunOptions;
-use crate::train_setup;
+use crate::train_setup::{self, DataCursor};
 
 /// What a finished (or interrupted) run reports.
 #[derive(Debug, Clone, Default)]
@@ -81,14 +81,9 @@ struct Loop<'a> {
     p: &'a mut Prepared,
     opt: AdamW,
     sched: LrScheduler,
-    pos: DataPosition,
-    order: Vec<usize>,
+    data: DataCursor,
     state: TrainerState,
     names: Vec<String>,
-}
-
-fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
-    rlft_data::split::permutation(n, seed.wrapping_add(epoch.wrapping_mul(0x9E37_79B9)))
 }
 
 /// A seed mixing the run seed with a counter (splitmix64 finaliser).
@@ -130,27 +125,11 @@ fn timed<T>(times: &mut Metrics, phase: &str, f: impl FnOnce() -> Result<T>) -> 
 }
 
 impl Loop<'_> {
-    /// The next `n` prompt indices, reshuffling at each epoch end.
-    fn take(&mut self, n: usize) -> Vec<usize> {
-        let len = self.p.train.len();
-        let mut out = Vec::with_capacity(n);
-        while out.len() < n {
-            if self.pos.index as usize >= len {
-                self.pos.epoch += 1;
-                self.pos.index = 0;
-                self.order = epoch_order(len, self.cfg.seed, self.pos.epoch);
-            }
-            out.push(self.order[self.pos.index as usize]);
-            self.pos.index += 1;
-        }
-        out
-    }
-
     /// Generates, scores and prepares one rollout.
     fn rollout(&mut self, times: &mut Metrics) -> Result<RolloutData> {
         let cfg = self.cfg;
         let plan = self.p.plan;
-        let prompts = self.take(plan.rollout_prompts);
+        let prompts = self.data.take(plan.rollout_prompts);
         let settings = RolloutSettings {
             num_generations: cfg.num_generations,
             max_new_tokens: cfg.max_completion_length,
@@ -370,26 +349,14 @@ impl Loop<'_> {
     }
 
     fn checkpoint(&self) -> Result<Checkpoint> {
-        let tensors = self
-            .p
-            .vars
-            .iter()
-            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
-            .collect();
-        let mut state = self.state.clone();
-        state.rlft.data_position = self.pos;
-        Ok(Checkpoint {
-            weights: Weights {
-                tensors,
-                adapter_config: self.p.adapter_config.clone(),
-            },
-            optimizer: Some(OptimizerState {
-                tensors: self.opt.state_tensors()?,
-                state: json!({"kernel": "adamw"}),
-            }),
-            trainer_state: state,
-            rng_state: json!({"seed": self.cfg.seed, "scheme": "mix(seed, global_step)"}),
-        })
+        Ok(train_setup::checkpoint(
+            &self.p.vars,
+            self.p.adapter_config.as_ref(),
+            &self.opt,
+            &self.state,
+            &self.data,
+            json!({"seed": self.cfg.seed, "scheme": "mix(seed, global_step)"}),
+        )?)
     }
 }
 
@@ -523,14 +490,13 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
         }
     }
     let sched = train_setup::scheduler(&settings)?;
-    let order = epoch_order(p.train.len(), cfg.seed, pos.epoch);
+    let data = DataCursor::new(p.train.len(), cfg.seed, pos);
     let mut lp = Loop {
         cfg,
         p,
         opt,
         sched,
-        pos,
-        order,
+        data,
         state,
         names: names.clone(),
     };
@@ -540,7 +506,6 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
         Progress::hidden(total, lp.state.global_step)
     };
     let mut health = HealthMonitor::new(cfg.kl_warning_threshold, cfg.zero_std_warning_steps);
-    let per_epoch = lp.p.train.len() as f64;
     let mut ran = 0u64;
     let train_batch = lp.p.plan.train_batch;
     let mut save_due = false;
@@ -570,7 +535,7 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
                     .iter()
                     .map(|&i| r.samples[i].completion_ids.len() as u64)
                     .sum::<u64>();
-                lp.state.epoch = lp.pos.epoch as f64 + lp.pos.index as f64 / per_epoch;
+                lp.state.epoch = lp.data.epoch();
                 ran += 1;
                 let step = lp.state.global_step;
                 let mut m = r.metrics.clone();

@@ -15,8 +15,8 @@ use std::time::Instant;
 use candle_core::{backprop::GradStore, Var};
 use rlft_model::CausalLm;
 use rlft_train::checkpoint::{
-    latest_checkpoint, load_checkpoint, Checkpoint, CheckpointManager, DataPosition,
-    OptimizerState, RlftState, TrainerState, Weights,
+    latest_checkpoint, load_checkpoint, Checkpoint, CheckpointManager, DataPosition, RlftState,
+    TrainerState,
 };
 use rlft_train::metrics::MetricsLogger;
 use rlft_train::progress::Progress;
@@ -26,6 +26,7 @@ use serde_json::{json, Value};
 
 use crate::config::sft::SftConfig;
 use crate::sft_data::SftExample;
+use crate::train_setup::{self, DataCursor};
 pub use setup::{prepare, Prepared};
 
 /// SFT errors; each says what happened and how to fix it.
@@ -95,11 +96,6 @@ pub struct RunOptions {
     pub progress: bool,
 }
 
-/// Shuffled example order of `epoch` (deterministic from the seed).
-fn epoch_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
-    rlft_data::split::permutation(n, seed.wrapping_add(epoch.wrapping_mul(0x9E37_79B9)))
-}
-
 /// Mean token NLL over `examples` without gradients.
 fn eval_loss(
     model: &CausalLm,
@@ -128,33 +124,16 @@ struct Loop<'a> {
     p: &'a mut Prepared,
     opt: AdamW,
     sched: LrScheduler,
-    pos: DataPosition,
-    order: Vec<usize>,
+    data: DataCursor,
     state: TrainerState,
 }
 
 impl Loop<'_> {
-    /// The next `n` example indices, moving to the next epoch (reshuffled) at the end of one.
-    fn take(&mut self, n: usize) -> Vec<usize> {
-        let len = self.p.train.len();
-        let mut out = Vec::with_capacity(n);
-        while out.len() < n {
-            if self.pos.index as usize >= len {
-                self.pos.epoch += 1;
-                self.pos.index = 0;
-                self.order = epoch_order(len, self.cfg.seed, self.pos.epoch);
-            }
-            out.push(self.order[self.pos.index as usize]);
-            self.pos.index += 1;
-        }
-        out
-    }
-
     /// One optimiser step; returns (loss, grad norm, tokens) or None when skipped.
     fn step(&mut self) -> Result<(f64, Option<f64>, usize)> {
         let cfg = self.cfg;
         let micro: Vec<Vec<usize>> = (0..cfg.gradient_accumulation_steps)
-            .map(|_| self.take(cfg.per_device_train_batch_size))
+            .map(|_| self.data.take(cfg.per_device_train_batch_size))
             .collect();
         let total_targets: usize = micro
             .iter()
@@ -208,26 +187,14 @@ impl Loop<'_> {
     }
 
     fn checkpoint(&self) -> Result<Checkpoint> {
-        let tensors = self
-            .p
-            .vars
-            .iter()
-            .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
-            .collect();
-        let mut state = self.state.clone();
-        state.rlft.data_position = self.pos;
-        Ok(Checkpoint {
-            weights: Weights {
-                tensors,
-                adapter_config: self.p.adapter_config.clone(),
-            },
-            optimizer: Some(OptimizerState {
-                tensors: self.opt.state_tensors()?,
-                state: json!({"kernel": "adamw"}),
-            }),
-            trainer_state: state,
-            rng_state: json!({"seed": self.cfg.seed}),
-        })
+        Ok(train_setup::checkpoint(
+            &self.p.vars,
+            self.p.adapter_config.as_ref(),
+            &self.opt,
+            &self.state,
+            &self.data,
+            json!({"seed": self.cfg.seed}),
+        )?)
     }
 }
 
@@ -290,14 +257,13 @@ pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Sft
         MetricsLogger::create(&cfg.output_dir, tensorboard)?
     };
     let sched = setup::scheduler(cfg)?;
-    let order = epoch_order(p.train.len(), cfg.seed, pos.epoch);
+    let data = DataCursor::new(p.train.len(), cfg.seed, pos);
     let mut lp = Loop {
         cfg,
         p,
         opt,
         sched,
-        pos,
-        order,
+        data,
         state,
     };
     let total = lp.p.total_steps as u64;
@@ -315,7 +281,6 @@ pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Sft
         interrupted: false,
         final_dir: None,
     };
-    let per_epoch = lp.p.train.len() as f64;
     let mut ran = 0u64;
     while lp.state.global_step < total {
         if opts
@@ -333,7 +298,7 @@ pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Sft
         let (loss, norm, tokens) = lp.step()?;
         lp.state.global_step += 1;
         lp.state.num_input_tokens_seen += tokens as u64;
-        lp.state.epoch = lp.pos.epoch as f64 + lp.pos.index as f64 / per_epoch;
+        lp.state.epoch = lp.data.epoch();
         ran += 1;
         summary.train_losses.push(loss);
         let step = lp.state.global_step;
