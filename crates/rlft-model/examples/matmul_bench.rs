@@ -23,6 +23,8 @@ fn time<F: FnMut()>(mut f: F, reps: usize) -> f64 {
 fn main() -> candle_core::Result<()> {
     let dev = Device::Cpu;
     for (m, k, n) in [
+        (1016, 576, 1536),
+        (1016, 1536, 576),
         (480, 576, 1536),
         (480, 576, 576),
         (480, 1536, 576),

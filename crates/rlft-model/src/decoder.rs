@@ -442,7 +442,15 @@ impl CausalLm {
         let x = (x + layer.self_attn.o_proj.forward_t(&attn, grad)?)?;
         let hs = ops::rms_norm(&x, &layer.post_attention_layernorm, c.rms_norm_eps, grad)?;
         let m = &layer.mlp;
-        let act = (m.gate_proj.forward_t(&hs, grad)?.silu()? * m.up_proj.forward_t(&hs, grad)?)?;
+        let (gate, up) = (
+            m.gate_proj.forward_t(&hs, grad)?,
+            m.up_proj.forward_t(&hs, grad)?,
+        );
+        let act = if grad && crate::fused::enabled_for(&gate) {
+            crate::fused::act::swiglu(&gate, &up)?
+        } else {
+            (gate.silu()? * up)?
+        };
         Ok((x + m.down_proj.forward_t(&act, grad)?)?)
     }
 

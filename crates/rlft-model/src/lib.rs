@@ -24,6 +24,7 @@ pub mod decode_fast;
 pub mod decoder;
 pub mod error;
 pub mod export;
+pub mod fused;
 pub mod generate;
 pub mod generation_config;
 pub mod gguf_load;

@@ -237,11 +237,8 @@ impl LoraAdapter {
     /// out, as PEFT in `eval()` mode.
     pub fn delta(&self, x: &Tensor, grad: bool) -> Result<Tensor> {
         let mut x = x.to_dtype(self.a.dtype())?;
-        if let (true, Some(seed), true) = (grad, self.dropout_seed, self.dropout > 0.0) {
-            let draw = self.draws.fetch_add(1, Ordering::Relaxed);
-            let seed = seed ^ self.key ^ splitmix64(draw.wrapping_add(0x5EED));
-            let mask = dropout_mask(x.dims(), self.dropout, seed, x.device())?;
-            x = (x * mask.to_dtype(self.a.dtype())?)?;
+        if let Some(mask) = self.dropout_mask(x.dims(), grad, x.device())? {
+            x = (x * mask)?;
         }
         let (a, b) = if grad {
             (self.a.clone(), self.b.clone())
@@ -250,6 +247,23 @@ impl LoraAdapter {
         };
         let h = x.matmul(&a.t()?)?;
         Ok((h.matmul(&b.t()?)? * self.scaling)?)
+    }
+
+    /// The next dropout mask for an input of `dims` (in the adapter's dtype): `None` unless
+    /// training (`grad`) with a dropout seed and `dropout > 0`. Each call draws a fresh mask.
+    pub fn dropout_mask(
+        &self,
+        dims: &[usize],
+        grad: bool,
+        device: &Device,
+    ) -> Result<Option<Tensor>> {
+        let (true, Some(seed), true) = (grad, self.dropout_seed, self.dropout > 0.0) else {
+            return Ok(None);
+        };
+        let draw = self.draws.fetch_add(1, Ordering::Relaxed);
+        let seed = seed ^ self.key ^ splitmix64(draw.wrapping_add(0x5EED));
+        let mask = dropout_mask(dims, self.dropout, seed, device)?;
+        Ok(Some(mask.to_dtype(self.a.dtype())?))
     }
 
     /// `y + delta(x)`, added in the adapter's dtype and cast back to `y`'s.

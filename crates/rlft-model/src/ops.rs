@@ -66,13 +66,58 @@ impl Linear {
         let in_dim = *dims.last().expect("rank >= 1");
         let rows: usize = dims[..dims.len() - 1].iter().product();
         let x2 = x.contiguous()?.reshape((rows, in_dim))?;
-        let mut y = self.base_forward(&x2)?;
-        if let Some(lora) = self.active_lora() {
-            y = lora.add_delta(&y, &x2, grad)?;
-        }
+        let mut y = match self.fused_forward(&x2, grad)? {
+            Some(y) => y,
+            None => {
+                let y = self.base_forward(&x2)?;
+                match self.active_lora() {
+                    Some(lora) => lora.add_delta(&y, &x2, grad)?,
+                    None => y,
+                }
+            }
+        };
         let mut out_dims = dims;
         *out_dims.last_mut().expect("rank >= 1") = self.weight.dim(0)?;
-        Ok(y.reshape(out_dims)?)
+        if y.dims() != out_dims.as_slice() {
+            y = y.reshape(out_dims)?;
+        }
+        Ok(y)
+    }
+
+    /// The training path through [`crate::fused::linear`] (one graph node for the base product
+    /// plus the adapter) when the kernels handle `x2 [rows, in]`; `None` leaves it to
+    /// candle's ops (other devices and dtypes, a trainable bias on a frozen weight, adapters
+    /// in another dtype, or a trainable base weight under an adapter).
+    fn fused_forward(&self, x2: &Tensor, grad: bool) -> Result<Option<Tensor>> {
+        let w = &self.weight;
+        if !grad || !crate::fused::enabled_for(x2) || w.dtype() != x2.dtype() {
+            return Ok(None);
+        }
+        let trainable_bias = self.bias.as_ref().is_some_and(Tensor::track_op);
+        match self.active_lora() {
+            None => {
+                let frozen_bias = self.bias.as_ref().filter(|b| !b.track_op());
+                let y = crate::fused::linear::linear(x2, w, frozen_bias)?;
+                Ok(Some(match &self.bias {
+                    Some(b) if trainable_bias => y.broadcast_add(b)?,
+                    _ => y,
+                }))
+            }
+            Some(l) if !w.track_op() && !trainable_bias && l.a.dtype() == x2.dtype() => {
+                let mask = l.dropout_mask(x2.dims(), grad, x2.device())?;
+                let y = crate::fused::linear::lora_linear(
+                    x2,
+                    w,
+                    self.bias.as_ref(),
+                    &l.a,
+                    &l.b,
+                    l.scaling,
+                    mask.as_ref(),
+                )?;
+                Ok(Some(y))
+            }
+            Some(_) => Ok(None),
+        }
     }
 
     /// `x [rows, in] @ W^T (+ b)` without the adapter.
@@ -353,6 +398,9 @@ pub fn compute_dtype(dtype: DType) -> DType {
 /// `x [.., h] -> weight * (x / sqrt(mean(x^2) + eps))`.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, grad: bool) -> Result<Tensor> {
     let dtype = x.dtype();
+    if grad && crate::fused::enabled_for(x) && weight.dtype() == dtype {
+        return Ok(crate::fused::norm::rms_norm(x, weight, eps)?);
+    }
     if !grad && dtype == DType::F32 {
         return Ok(candle_nn::ops::rms_norm(
             &x.contiguous()?,
@@ -419,6 +467,9 @@ pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, grad: bool) -> Result<
     if !grad {
         return Ok(candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin)?);
     }
+    if crate::fused::enabled_for(x) {
+        return Ok(crate::fused::rope::rope(x, &cos, &sin)?);
+    }
     let d = x.dim(D::Minus1)?;
     let x1 = x.narrow(D::Minus1, 0, d / 2)?;
     let x2 = x.narrow(D::Minus1, d / 2, d / 2)?;
@@ -452,6 +503,12 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, grad: bool) 
     let cdt = compute_dtype(dtype);
     // [b, kvh, groups * t, d]: rows are (group, position) pairs.
     let qg = q.contiguous()?.reshape((b, kvh, groups * t, d))?;
+    if crate::fused::enabled_for(q) && bias.dims4()? == (b, 1, t, big_t) {
+        // Scale, mask and softmax in one pass (one graph node when training).
+        let scores = qg.matmul(&k.t()?)?;
+        let probs = crate::fused::softmax::masked_softmax(&scores, &bias.to_dtype(dtype)?, scale)?;
+        return Ok(probs.matmul(&v.contiguous()?)?.reshape((b, h, t, d))?);
+    }
     let scores = (qg.matmul(&k.t()?)? * scale)?;
     let scores = scores.to_dtype(cdt)?.reshape((b, kvh, groups, t, big_t))?;
     let scores = add_const(&scores, &bias.to_dtype(cdt)?.unsqueeze(1)?)?.reshape((

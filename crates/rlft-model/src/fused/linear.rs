@@ -1,0 +1,416 @@
+//! Linear layers with backward, one graph node each: the plain layer `x @ W^T + b` and the LoRA
+//! layer `x @ W^T + b + scaling * dropout(x) @ A^T @ B^T` over a frozen base.
+//!
+//! candle's `x.matmul(&w.t())` records a transpose and a matmul; its backward computes the
+//! weight gradient as `[in, out]`, transposes it back and adds that strided view into a zeroed
+//! buffer. Here `dW` is one gemm written `[out, in]`, and frozen operands get no gradient.
+
+use std::borrow::Cow;
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor, WithDType};
+use rayon::prelude::*;
+
+use super::{contiguous_slice, dispatch, gemm, tensor, with_slice, Real};
+
+/// `x [m, k] @ w [n, k]^T (+ bias [n]) -> [m, n]` (CPU f32/f64). `bias` is a constant (frozen);
+/// gradients go to `x` and `w` when they track a graph.
+pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
+    check(x, w, bias)?;
+    x.contiguous()?.apply_op2(
+        &w.contiguous()?,
+        Linear {
+            bias: bias.map(|b| b.detach().contiguous()).transpose()?,
+        },
+    )
+}
+
+/// `x [m, k] @ w^T (+ bias) + scaling * (x * mask) @ a [r, k]^T @ b [n, r]^T -> [m, n]` with a
+/// frozen `w [n, k]` and `bias [n]` (constants) and an optional dropout `mask [m, k]` (0 or
+/// `1 / (1 - p)`, a constant). Gradients go to `x`, `a` and `b` when they track a graph.
+pub fn lora_linear(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    a: &Tensor,
+    b: &Tensor,
+    scaling: f64,
+    mask: Option<&Tensor>,
+) -> candle_core::Result<Tensor> {
+    check(x, w, bias)?;
+    let (m, k) = x.dims2()?;
+    let (n, _) = w.dims2()?;
+    let (r, ka) = a.dims2()?;
+    if ka != k || b.dims2()? != (n, r) || mask.is_some_and(|t| t.dims() != [m, k]) {
+        candle_core::bail!(
+            "lora_linear: x [{m}, {k}], base [{n}, {k}] need A [r, {k}], B [{n}, r] and a mask \
+             [{m}, {k}]; got A {:?}, B {:?}",
+            a.dims(),
+            b.dims()
+        );
+    }
+    x.contiguous()?.apply_op3(
+        &a.contiguous()?,
+        &b.contiguous()?,
+        LoraLinear {
+            w: w.detach().contiguous()?,
+            bias: bias.map(|t| t.detach().contiguous()).transpose()?,
+            mask: mask.map(|t| t.detach().contiguous()).transpose()?,
+            scaling,
+        },
+    )
+}
+
+fn check(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<()> {
+    let (m, k) = x.dims2()?;
+    let (n, k2) = w.dims2()?;
+    if k != k2 || bias.is_some_and(|b| b.dims() != [n]) {
+        candle_core::bail!(
+            "linear: x [{m}, {k}] with weight {:?} and bias {:?}",
+            w.dims(),
+            bias.map(|b| b.dims().to_vec())
+        );
+    }
+    Ok(())
+}
+
+/// `y [m, n] = x @ w^T (+ bias)`.
+fn base<T: Real>(x: &[T], w: &[T], bias: Option<&[T]>, m: usize, k: usize, n: usize) -> Vec<T> {
+    let mut y = vec![T::from_f64(0.0); m * n];
+    gemm(m, n, k, &mut y, x, false, w, true, false);
+    if let Some(b) = bias {
+        y.par_chunks_mut(n).for_each(|row| {
+            for (o, &bv) in row.iter_mut().zip(b) {
+                *o += bv;
+            }
+        });
+    }
+    y
+}
+
+/// `x * mask` elementwise.
+fn masked<T: Real>(x: &[T], mask: &[T]) -> Vec<T> {
+    x.par_iter().zip(mask).map(|(&a, &b)| a * b).collect()
+}
+
+struct Linear {
+    bias: Option<Tensor>,
+}
+
+impl CustomOp2 for Linear {
+    fn name(&self) -> &'static str {
+        "fused-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (m, k) = xl.shape().dims2()?;
+        let (n, _) = wl.shape().dims2()?;
+        dispatch!(xs.dtype(), T => {
+            let x = contiguous_slice::<T>(xs, xl)?;
+            let w = contiguous_slice::<T>(ws, wl)?;
+            let y = match &self.bias {
+                Some(b) => with_slice::<T, _>(b, |bv| Ok(base(x, w, Some(bv), m, k, n)))?,
+                None => base(x, w, None, m, k, n),
+            };
+            Ok((T::to_cpu_storage_owned(y), Shape::from((m, n))))
+        })
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let (m, k) = x.dims2()?;
+        let (n, _) = w.dims2()?;
+        let (want_x, want_w) = (x.track_op(), w.track_op());
+        dispatch!(x.dtype(), T => {
+            let zero = T::from_f64(0.0);
+            let (dx, dw) = with_slice::<T, _>(dy, |g| {
+                let dx = if want_x {
+                    let mut dx = vec![zero; m * k];
+                    with_slice::<T, _>(w, |wv| {
+                        gemm(m, k, n, &mut dx, g, false, wv, false, false);
+                        Ok(())
+                    })?;
+                    Some(dx)
+                } else {
+                    None
+                };
+                let dw = if want_w {
+                    let mut dw = vec![zero; n * k];
+                    with_slice::<T, _>(x, |xv| {
+                        gemm(n, k, m, &mut dw, g, true, xv, false, false);
+                        Ok(())
+                    })?;
+                    Some(dw)
+                } else {
+                    None
+                };
+                Ok((dx, dw))
+            })?;
+            Ok((
+                dx.map(|v| tensor(v, &[m, k])).transpose()?,
+                dw.map(|v| tensor(v, &[n, k])).transpose()?,
+            ))
+        })
+    }
+}
+
+struct LoraLinear {
+    w: Tensor,
+    bias: Option<Tensor>,
+    mask: Option<Tensor>,
+    scaling: f64,
+}
+
+impl LoraLinear {
+    /// `x * mask`, or `x` itself without dropout.
+    fn dropped<'x, T: Real>(&self, x: &'x [T]) -> candle_core::Result<Cow<'x, [T]>> {
+        Ok(match &self.mask {
+            Some(mk) => Cow::Owned(with_slice::<T, _>(mk, |mv| Ok(masked(x, mv)))?),
+            None => Cow::Borrowed(x),
+        })
+    }
+}
+
+impl CustomOp3 for LoraLinear {
+    fn name(&self) -> &'static str {
+        "fused-lora-linear"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        as_: &CpuStorage,
+        al: &Layout,
+        bs: &CpuStorage,
+        bl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (m, k) = xl.shape().dims2()?;
+        let (r, _) = al.shape().dims2()?;
+        let (n, _) = bl.shape().dims2()?;
+        dispatch!(xs.dtype(), T => {
+            let x = contiguous_slice::<T>(xs, xl)?;
+            let a = contiguous_slice::<T>(as_, al)?;
+            let b = contiguous_slice::<T>(bs, bl)?;
+            let mut y = with_slice::<T, _>(&self.w, |w| match &self.bias {
+                Some(bt) => with_slice::<T, _>(bt, |bv| Ok(base(x, w, Some(bv), m, k, n))),
+                None => Ok(base(x, w, None, m, k, n)),
+            })?;
+            let mut h = vec![T::from_f64(0.0); m * r];
+            match &self.mask {
+                Some(mk) => {
+                    let xd = with_slice::<T, _>(mk, |mv| Ok(masked(x, mv)))?;
+                    gemm(m, r, k, &mut h, &xd, false, a, true, false);
+                }
+                None => gemm(m, r, k, &mut h, x, false, a, true, false),
+            }
+            let s = T::from_f64(self.scaling);
+            h.par_iter_mut().for_each(|v| *v = *v * s);
+            gemm(m, n, r, &mut y, &h, false, b, true, true);
+            Ok((T::to_cpu_storage_owned(y), Shape::from((m, n))))
+        })
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        b: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (m, k) = x.dims2()?;
+        let (r, _) = a.dims2()?;
+        let (n, _) = b.dims2()?;
+        let (want_x, want_a, want_b) = (x.track_op(), a.track_op(), b.track_op());
+        dispatch!(x.dtype(), T => {
+            let zero = T::from_f64(0.0);
+            let s = T::from_f64(self.scaling);
+            let out = with_slice::<T, _>(dy, |g| {
+                with_slice::<T, _>(x, |xv| {
+                    with_slice::<T, _>(a, |av| {
+                        with_slice::<T, _>(b, |bv| {
+                            let xd = self.dropped(xv)?;
+                            // dh = scaling * dy @ B   [m, r]
+                            let mut dh = vec![zero; m * r];
+                            gemm(m, r, n, &mut dh, g, false, bv, false, false);
+                            dh.iter_mut().for_each(|v| *v = *v * s);
+                            let dx = if want_x {
+                                let mut dx = vec![zero; m * k];
+                                with_slice::<T, _>(&self.w, |w| {
+                                    gemm(m, k, n, &mut dx, g, false, w, false, false);
+                                    Ok(())
+                                })?;
+                                match &self.mask {
+                                    None => gemm(m, k, r, &mut dx, &dh, false, av, false, true),
+                                    Some(mk) => {
+                                        let mut t = vec![zero; m * k];
+                                        gemm(m, k, r, &mut t, &dh, false, av, false, false);
+                                        with_slice::<T, _>(mk, |mv| {
+                                            dx.par_iter_mut()
+                                                .zip(t.par_iter().zip(mv))
+                                                .for_each(|(o, (&tv, &mvv))| *o += tv * mvv);
+                                            Ok(())
+                                        })?;
+                                    }
+                                }
+                                Some(dx)
+                            } else {
+                                None
+                            };
+                            // dA = dh^T @ xd   [r, k]
+                            let da = want_a.then(|| {
+                                let mut da = vec![zero; r * k];
+                                gemm(r, k, m, &mut da, &dh, true, &xd, false, false);
+                                da
+                            });
+                            // dB = scaling * dy^T @ (xd @ A^T)   [n, r]
+                            let db = want_b.then(|| {
+                                let mut h = vec![zero; m * r];
+                                gemm(m, r, k, &mut h, &xd, false, av, true, false);
+                                h.iter_mut().for_each(|v| *v = *v * s);
+                                let mut db = vec![zero; n * r];
+                                gemm(n, r, m, &mut db, g, true, &h, false, false);
+                                db
+                            });
+                            Ok((dx, da, db))
+                        })
+                    })
+                })
+            })?;
+            let (dx, da, db) = out;
+            Ok((
+                dx.map(|v| tensor(v, &[m, k])).transpose()?,
+                da.map(|v| tensor(v, &[r, k])).transpose()?,
+                db.map(|v| tensor(v, &[n, r])).transpose()?,
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{rand, rel_diff};
+    use super::*;
+    use candle_core::{DType, Var};
+
+    #[test]
+    fn linear_matches_matmul_values_and_gradients() {
+        let (m, k, n) = (37, 24, 19);
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            for train_w in [true, false] {
+                let x = Var::from_tensor(&rand(&[m, k], 1, dtype)).unwrap();
+                let w0 = rand(&[n, k], 2, dtype);
+                let w = Var::from_tensor(&w0).unwrap();
+                let wt = if train_w { w.as_tensor().clone() } else { w0 };
+                let bias = rand(&[n], 3, dtype);
+                let coef = rand(&[m, n], 4, dtype);
+                let got = linear(x.as_tensor(), &wt, Some(&bias)).unwrap();
+                let want = x
+                    .as_tensor()
+                    .matmul(&wt.t().unwrap())
+                    .unwrap()
+                    .broadcast_add(&bias)
+                    .unwrap();
+                assert!(rel_diff(&got, &want) < tol);
+                let g1 = (got * &coef)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                let g2 = (want * &coef)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                let d = |t: &Tensor| rel_diff(g1.get(t).unwrap(), g2.get(t).unwrap());
+                assert!(d(x.as_tensor()) < tol);
+                if train_w {
+                    assert!(d(w.as_tensor()) < tol);
+                } else {
+                    assert!(g1.get(&wt).is_none());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn lora_linear_matches_composite_with_and_without_dropout() {
+        let (m, k, n, r) = (29, 24, 19, 4);
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            for with_mask in [false, true] {
+                let x = Var::from_tensor(&rand(&[m, k], 1, dtype)).unwrap();
+                let w = rand(&[n, k], 2, dtype);
+                let bias = rand(&[n], 3, dtype);
+                let a = Var::from_tensor(&rand(&[r, k], 4, dtype)).unwrap();
+                let b = Var::from_tensor(&rand(&[n, r], 5, dtype)).unwrap();
+                let mask = with_mask.then(|| {
+                    (rand(&[m, k], 6, dtype)
+                        .ge(0.0)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap()
+                        * 2.0)
+                        .unwrap()
+                });
+                let coef = rand(&[m, n], 7, dtype);
+                let (at, bt) = (a.as_tensor(), b.as_tensor());
+                let got = lora_linear(x.as_tensor(), &w, Some(&bias), at, bt, 0.5, mask.as_ref())
+                    .unwrap();
+                let xd = match &mask {
+                    Some(mk) => (x.as_tensor() * mk).unwrap(),
+                    None => x.as_tensor().clone(),
+                };
+                let delta = (xd
+                    .matmul(&at.t().unwrap())
+                    .unwrap()
+                    .matmul(&bt.t().unwrap())
+                    .unwrap()
+                    * 0.5)
+                    .unwrap();
+                let want = (x
+                    .as_tensor()
+                    .matmul(&w.t().unwrap())
+                    .unwrap()
+                    .broadcast_add(&bias)
+                    .unwrap()
+                    + delta)
+                    .unwrap();
+                assert!(rel_diff(&got, &want) < tol);
+                let g1 = (got * &coef)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                let g2 = (want * &coef)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                for v in [&x, &a, &b] {
+                    let d = rel_diff(
+                        g1.get(v.as_tensor()).unwrap(),
+                        g2.get(v.as_tensor()).unwrap(),
+                    );
+                    assert!(d < tol, "{dtype:?} mask {with_mask}: {d}");
+                }
+                assert!(g1.get(&w).is_none());
+            }
+        }
+    }
+}

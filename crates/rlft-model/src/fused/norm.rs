@@ -1,0 +1,224 @@
+//! RMSNorm with backward: `y = x / sqrt(mean(x^2) + eps) * w` over the last dim.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor, WithDType};
+use rayon::prelude::*;
+
+use super::{contiguous_slice, dispatch, tensor, with_slice, Real};
+
+/// Rows per rayon task.
+const ROWS_PER_TASK: usize = 16;
+
+/// RMSNorm of `x [.., h]` with weight `w [h]` (same dtype, CPU f32/f64). One graph node; the
+/// backward gives `dx`, and `dw` only when `w` tracks a graph (a trainable norm).
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let x = x.contiguous()?;
+    let w = w.contiguous()?;
+    x.apply_op2(&w, RmsNorm { eps })
+}
+
+struct RmsNorm {
+    eps: f64,
+}
+
+/// `1 / sqrt(mean(row^2) + eps)`.
+fn inv_rms<T: Real>(row: &[T], eps: f64) -> T {
+    let ss: T = row.iter().map(|&v| v * v).sum();
+    let ms = ss.to_f64() / row.len() as f64;
+    T::from_f64(1.0) / T::from_f64(ms + eps).sqrt()
+}
+
+fn forward<T: Real>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
+    let h = w.len();
+    let mut y = vec![T::from_f64(0.0); x.len()];
+    y.par_chunks_mut(h * ROWS_PER_TASK)
+        .zip(x.par_chunks(h * ROWS_PER_TASK))
+        .for_each(|(yc, xc)| {
+            for (yr, xr) in yc.chunks_mut(h).zip(xc.chunks(h)) {
+                let r = inv_rms(xr, eps);
+                for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
+                    *o = v * r * g;
+                }
+            }
+        });
+    y
+}
+
+/// `(dx, dw)`: with `xhat = x * r`, `dx = r * (dy*w - xhat * mean(dy*w*xhat))`,
+/// `dw = sum over rows of dy * xhat` (when `want_dw`).
+fn backward<T: Real>(
+    x: &[T],
+    w: &[T],
+    dy: &[T],
+    eps: f64,
+    want_dw: bool,
+) -> (Vec<T>, Option<Vec<T>>) {
+    let h = w.len();
+    let zero = T::from_f64(0.0);
+    let mut dx = vec![zero; x.len()];
+    let chunk = h * ROWS_PER_TASK;
+    let partial = dx
+        .par_chunks_mut(chunk)
+        .zip(x.par_chunks(chunk).zip(dy.par_chunks(chunk)))
+        .map(|(dxc, (xc, dyc))| {
+            let mut dw = if want_dw { vec![zero; h] } else { Vec::new() };
+            for ((dxr, xr), dyr) in dxc.chunks_mut(h).zip(xc.chunks(h)).zip(dyc.chunks(h)) {
+                let r = inv_rms(xr, eps);
+                let mut dot = zero;
+                for ((&xv, &g), &d) in xr.iter().zip(w).zip(dyr) {
+                    dot += d * g * xv;
+                }
+                let c = dot * r * r / T::from_f64(h as f64);
+                for (((o, &xv), &g), &d) in dxr.iter_mut().zip(xr).zip(w).zip(dyr) {
+                    *o = r * (d * g - xv * c);
+                }
+                if want_dw {
+                    for ((acc, &xv), &d) in dw.iter_mut().zip(xr).zip(dyr) {
+                        *acc += d * xv * r;
+                    }
+                }
+            }
+            dw
+        })
+        .reduce(
+            || Vec::new(),
+            |a, b| match (a.is_empty(), b.is_empty()) {
+                (true, _) => b,
+                (_, true) => a,
+                _ => a.iter().zip(&b).map(|(&p, &q)| p + q).collect(),
+            },
+        );
+    let dw = want_dw.then(|| {
+        if partial.is_empty() {
+            vec![zero; h]
+        } else {
+            partial
+        }
+    });
+    (dx, dw)
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "fused-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ws: &CpuStorage,
+        wl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let h = wl.shape().elem_count();
+        if xl.dims().last() != Some(&h) {
+            candle_core::bail!(
+                "rms_norm: input {:?} does not end in the weight's size {h}",
+                xl.dims()
+            );
+        }
+        dispatch!(xs.dtype(), T => {
+            let y = forward(contiguous_slice::<T>(xs, xl)?, contiguous_slice::<T>(ws, wl)?, self.eps);
+            Ok((T::to_cpu_storage_owned(y), xl.shape().clone()))
+        })
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let want_dx = x.track_op();
+        let want_dw = w.track_op();
+        if !want_dx && !want_dw {
+            return Ok((None, None));
+        }
+        dispatch!(x.dtype(), T => {
+            let (dx, dw) = with_slice::<T, _>(x, |xv| {
+                with_slice::<T, _>(w, |wv| {
+                    with_slice::<T, _>(dy, |dyv| Ok(backward(xv, wv, dyv, self.eps, want_dw)))
+                })
+            })?;
+            let dx = if want_dx { Some(tensor(dx, x.dims())?) } else { None };
+            let dw = match dw {
+                Some(v) => Some(tensor(v, w.dims())?),
+                None => None,
+            };
+            Ok((dx, dw))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{rand, rel_diff};
+    use super::*;
+    use candle_core::{DType, Var, D};
+
+    fn composite(x: &Tensor, w: &Tensor, eps: f64) -> Tensor {
+        let var = x.sqr().unwrap().mean_keepdim(D::Minus1).unwrap();
+        x.broadcast_div(&(var + eps).unwrap().sqrt().unwrap())
+            .unwrap()
+            .broadcast_mul(w)
+            .unwrap()
+    }
+
+    #[test]
+    fn matches_composite_values_and_gradients() {
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            for train_w in [true, false] {
+                let x = Var::from_tensor(&rand(&[3, 37, 24], 1, dtype)).unwrap();
+                let w0 = (rand(&[24], 2, dtype) + 1.0).unwrap();
+                let w = Var::from_tensor(&w0).unwrap();
+                let wt = if train_w {
+                    w.as_tensor().clone()
+                } else {
+                    w0.clone()
+                };
+                let coef = rand(&[3, 37, 24], 3, dtype);
+                let got = rms_norm(x.as_tensor(), &wt, 1e-5).unwrap();
+                let want = composite(x.as_tensor(), &wt, 1e-5);
+                assert!(rel_diff(&got, &want) < tol, "{dtype:?} values");
+                let g1 = (got * &coef)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                let g2 = (want * &coef)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                let dx1 = g1.get(x.as_tensor()).unwrap();
+                let dx2 = g2.get(x.as_tensor()).unwrap();
+                assert!(
+                    rel_diff(dx1, dx2) < tol,
+                    "{dtype:?} dx {}",
+                    rel_diff(dx1, dx2)
+                );
+                if train_w {
+                    let dw1 = g1.get(w.as_tensor()).unwrap();
+                    let dw2 = g2.get(w.as_tensor()).unwrap();
+                    assert!(
+                        rel_diff(dw1, dw2) < tol,
+                        "{dtype:?} dw {}",
+                        rel_diff(dw1, dw2)
+                    );
+                } else {
+                    assert!(g1.get(w.as_tensor()).is_none());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_a_weight_of_the_wrong_size() {
+        let x = rand(&[2, 8], 1, DType::F32);
+        let w = rand(&[7], 2, DType::F32);
+        assert!(rms_norm(&x, &w, 1e-5).is_err());
+    }
+}
