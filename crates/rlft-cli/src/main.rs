@@ -61,7 +61,7 @@ enum Command {
 }
 
 fn main() {
-    rlft_model::alloc::tune_malloc();
+    rlft_model::runtime::tune();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("error: {e:#}");
         std::process::exit(1);

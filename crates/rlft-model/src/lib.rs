@@ -22,6 +22,7 @@ pub mod alloc;
 pub mod config;
 pub mod decode_fast;
 pub mod decoder;
+pub mod runtime;
 pub mod error;
 pub mod export;
 pub mod fused;

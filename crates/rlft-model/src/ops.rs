@@ -502,13 +502,12 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, grad: bool) 
     let dtype = q.dtype();
     let cdt = compute_dtype(dtype);
     // [b, kvh, groups * t, d]: rows are (group, position) pairs.
-    let qg = q.contiguous()?.reshape((b, kvh, groups * t, d))?;
     if crate::fused::enabled_for(q) && bias.dims4()? == (b, 1, t, big_t) {
-        // Scale, mask and softmax in one pass (one graph node when training).
-        let scores = qg.matmul(&k.t()?)?;
-        let probs = crate::fused::softmax::masked_softmax(&scores, &bias.to_dtype(dtype)?, scale)?;
-        return Ok(probs.matmul(&v.contiguous()?)?.reshape((b, h, t, d))?);
+        // One node, per (row, kv head) tasks, probabilities recomputed in backward.
+        let bias = bias.to_dtype(dtype)?;
+        return Ok(crate::fused::attention::attention(q, k, v, &bias, scale)?);
     }
+    let qg = q.contiguous()?.reshape((b, kvh, groups * t, d))?;
     let scores = (qg.matmul(&k.t()?)? * scale)?;
     let scores = scores.to_dtype(cdt)?.reshape((b, kvh, groups, t, big_t))?;
     let scores = add_const(&scores, &bias.to_dtype(cdt)?.unsqueeze(1)?)?.reshape((

@@ -11,9 +11,12 @@
 //! - [`act::swiglu`]: `silu(gate) * up`.
 //! - [`rope::rope`]: rotary embedding (HF "rotate half"), reading a strided `[b, h, t, d]` view.
 //! - [`softmax::masked_softmax`]: `softmax(scores * scale + bias)` for attention.
+//! - [`attention::attention`]: grouped-query attention, probabilities recomputed in backward.
+//! - [`linear`]: `x @ W^T + b`, and the LoRA layer over a frozen base, one node each.
 //! - [`head`]: LM head + log-softmax + gather over vocabulary blocks, never `[rows, vocab]`.
 
 pub mod act;
+pub mod attention;
 pub mod head;
 pub mod linear;
 pub mod norm;
@@ -163,6 +166,49 @@ pub(crate) fn gemm<T: Real>(
     b_t: bool,
     accumulate: bool,
 ) {
+    gemm_with(m, n, k, dst, a, a_t, b, b_t, accumulate, parallelism());
+}
+
+/// [`gemm`] on the calling thread only (for many small products inside a rayon task).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_seq<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [T],
+    a: &[T],
+    a_t: bool,
+    b: &[T],
+    b_t: bool,
+    accumulate: bool,
+) {
+    gemm_with(
+        m,
+        n,
+        k,
+        dst,
+        a,
+        a_t,
+        b,
+        b_t,
+        accumulate,
+        gemm::Parallelism::None,
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_with<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [T],
+    a: &[T],
+    a_t: bool,
+    b: &[T],
+    b_t: bool,
+    accumulate: bool,
+    par: gemm::Parallelism,
+) {
     assert!(dst.len() >= m * n && a.len() >= m * k && b.len() >= k * n);
     if m == 0 || n == 0 {
         return;
@@ -201,7 +247,7 @@ pub(crate) fn gemm<T: Real>(
             false,
             false,
             false,
-            parallelism(),
+            par,
         );
     }
 }

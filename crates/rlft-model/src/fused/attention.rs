@@ -1,0 +1,376 @@
+//! Grouped-query attention with backward, one graph node, probabilities never stored.
+//!
+//! Work is split by (batch row, kv head): each task gathers its query heads' rows `[g*t, d]`
+//! and the shared `K`, `V` `[T, d]`, then runs small single-threaded gemms, so two cores do
+//! not synchronise on every tiny product as a batched matmul would. The backward recomputes
+//! the probabilities tile by tile (as flash attention does), so memory holds `q`, `k`, `v` and
+//! the output only, whatever the sequence length.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Storage, Tensor, WithDType};
+use rayon::prelude::*;
+
+use super::{dispatch, gemm_seq, tensor, with_slice, Real};
+
+/// `softmax(q k^T * scale + bias) v` with grouped kv heads: `q [b, h, t, d]`,
+/// `k, v [b, kvh, T, d]` (any strides with a unit last stride), `bias [b, 1, t, T]` an additive
+/// constant mask (0 or -inf, every row with a finite entry) -> contiguous `[b, h, t, d]`.
+/// Query heads `g*groups .. (g+1)*groups` share kv head `g`, as transformers' `repeat_kv`.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: &Tensor,
+    scale: f64,
+) -> candle_core::Result<Tensor> {
+    let (b, h, t, d) = q.dims4()?;
+    let (kb, kvh, big_t, kd) = k.dims4()?;
+    if kb != b
+        || kd != d
+        || v.dims() != k.dims()
+        || kvh == 0
+        || h % kvh != 0
+        || bias.dims() != [b, 1, t, big_t]
+    {
+        candle_core::bail!(
+            "attention: q {:?}, k {:?}, v {:?}, mask {:?} do not fit \
+             ([b, h, t, d], [b, kvh, T, d] twice, [b, 1, t, T])",
+            q.dims(),
+            k.dims(),
+            v.dims(),
+            bias.dims()
+        );
+    }
+    let unit = |x: &Tensor| -> candle_core::Result<Tensor> {
+        if x.stride()[3] == 1 {
+            Ok(x.clone())
+        } else {
+            x.contiguous()
+        }
+    };
+    unit(q)?.apply_op3(
+        &unit(k)?,
+        &unit(v)?,
+        Attention {
+            bias: bias.detach().contiguous()?,
+            scale,
+        },
+    )
+}
+
+struct Attention {
+    bias: Tensor,
+    scale: f64,
+}
+
+/// A strided `[b, heads, rows, d]` view with a unit last stride.
+#[derive(Clone, Copy)]
+struct View<'a, T> {
+    data: &'a [T],
+    off: usize,
+    st: [usize; 3],
+    d: usize,
+}
+
+impl<'a, T: Real> View<'a, T> {
+    fn new(data: &'a [T], l: &Layout) -> candle_core::Result<Self> {
+        let st = l.stride();
+        if st.len() != 4 || st[3] != 1 {
+            candle_core::bail!("attention: inputs need a unit last stride");
+        }
+        Ok(View {
+            data,
+            off: l.start_offset(),
+            st: [st[0], st[1], st[2]],
+            d: l.dims()[3],
+        })
+    }
+
+    fn row(&self, bi: usize, hi: usize, ti: usize) -> &'a [T] {
+        let s = self.off + bi * self.st[0] + hi * self.st[1] + ti * self.st[2];
+        &self.data[s..s + self.d]
+    }
+
+    /// Rows `0..n` of heads `h0..h0 + heads` of batch row `bi`, packed `[heads * n, d]`.
+    fn gather(&self, bi: usize, h0: usize, heads: usize, n: usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(heads * n * self.d);
+        for hi in h0..h0 + heads {
+            for ti in 0..n {
+                out.extend_from_slice(self.row(bi, hi, ti));
+            }
+        }
+        out
+    }
+}
+
+/// Shapes of one call.
+#[derive(Clone, Copy)]
+struct Dims {
+    h: usize,
+    t: usize,
+    d: usize,
+    kvh: usize,
+    big_t: usize,
+}
+
+impl Dims {
+    fn groups(&self) -> usize {
+        self.h / self.kvh
+    }
+}
+
+/// Probabilities `[groups * t, T]` of task `(bi, g)`: `softmax(qg k^T * scale + bias)`.
+fn probs<T: Real>(qg: &[T], kk: &[T], bias: &[T], bi: usize, dm: Dims, scale: T) -> Vec<T> {
+    let rows = dm.groups() * dm.t;
+    let mut p = vec![T::from_f64(0.0); rows * dm.big_t];
+    gemm_seq(rows, dm.big_t, dm.d, &mut p, qg, false, kk, true, false);
+    for (r, pr) in p.chunks_mut(dm.big_t).enumerate() {
+        let m0 = (bi * dm.t + r % dm.t) * dm.big_t;
+        let mr = &bias[m0..m0 + dm.big_t];
+        let mut mx = T::NEG_INF;
+        for (o, &m) in pr.iter_mut().zip(mr) {
+            *o = *o * scale + m;
+            mx = mx.maxv(*o);
+        }
+        let mut sum = T::from_f64(0.0);
+        for o in pr.iter_mut() {
+            *o = (*o - mx).exp();
+            sum += *o;
+        }
+        let inv = T::from_f64(1.0) / sum;
+        pr.iter_mut().for_each(|o| *o = *o * inv);
+    }
+    p
+}
+
+fn forward<T: Real>(
+    q: View<T>,
+    k: View<T>,
+    v: View<T>,
+    bias: &[T],
+    b: usize,
+    dm: Dims,
+    scale: T,
+) -> Vec<T> {
+    let g = dm.groups();
+    let chunk = g * dm.t * dm.d;
+    let mut out = vec![T::from_f64(0.0); b * dm.h * dm.t * dm.d];
+    out.par_chunks_mut(chunk)
+        .enumerate()
+        .for_each(|(task, oc)| {
+            let (bi, kv) = (task / dm.kvh, task % dm.kvh);
+            let qg = q.gather(bi, kv * g, g, dm.t);
+            let kk = k.gather(bi, kv, 1, dm.big_t);
+            let vv = v.gather(bi, kv, 1, dm.big_t);
+            let p = probs(&qg, &kk, bias, bi, dm, scale);
+            gemm_seq(g * dm.t, dm.d, dm.big_t, oc, &p, false, &vv, false, false);
+        });
+    out
+}
+
+/// `(dq [b, h, t, d], dk, dv [b, kvh, T, d])`, contiguous.
+#[allow(clippy::too_many_arguments)]
+fn backward<T: Real>(
+    q: View<T>,
+    k: View<T>,
+    v: View<T>,
+    dout: &[T],
+    bias: &[T],
+    b: usize,
+    dm: Dims,
+    scale: T,
+) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let g = dm.groups();
+    let (rows, big_t, d) = (g * dm.t, dm.big_t, dm.d);
+    let zero = T::from_f64(0.0);
+    let mut dq = vec![zero; b * dm.h * dm.t * d];
+    let mut dk = vec![zero; b * dm.kvh * big_t * d];
+    let mut dv = vec![zero; b * dm.kvh * big_t * d];
+    dq.par_chunks_mut(rows * d)
+        .zip(
+            dk.par_chunks_mut(big_t * d)
+                .zip(dv.par_chunks_mut(big_t * d)),
+        )
+        .enumerate()
+        .for_each(|(task, (dqc, (dkc, dvc)))| {
+            let (bi, kv) = (task / dm.kvh, task % dm.kvh);
+            let qg = q.gather(bi, kv * g, g, dm.t);
+            let kk = k.gather(bi, kv, 1, big_t);
+            let vv = v.gather(bi, kv, 1, big_t);
+            let doc = &dout[task * rows * d..(task + 1) * rows * d];
+            let p = probs(&qg, &kk, bias, bi, dm, scale);
+            // dV = P^T dO
+            gemm_seq(big_t, d, rows, dvc, &p, true, doc, false, false);
+            // dP = dO V^T, then dS = scale * P * (dP - rowsum(dP * P)) in place.
+            let mut ds = vec![zero; rows * big_t];
+            gemm_seq(rows, big_t, d, &mut ds, doc, false, &vv, true, false);
+            for (dr, pr) in ds.chunks_mut(big_t).zip(p.chunks(big_t)) {
+                let dot: T = dr.iter().zip(pr).map(|(&a, &b)| a * b).sum();
+                for (o, &pv) in dr.iter_mut().zip(pr) {
+                    *o = scale * pv * (*o - dot);
+                }
+            }
+            // dQ = dS K, dK = dS^T Q
+            gemm_seq(rows, d, big_t, dqc, &ds, false, &kk, false, false);
+            gemm_seq(big_t, d, rows, dkc, &ds, true, &qg, false, false);
+        });
+    (dq, dk, dv)
+}
+
+/// Runs `f` on the CPU elements and layout of `t` (strides kept).
+fn with_view<T: Real, R>(
+    t: &Tensor,
+    f: impl FnOnce(View<T>) -> candle_core::Result<R>,
+) -> candle_core::Result<R> {
+    let (s, l) = t.storage_and_layout();
+    match &*s {
+        Storage::Cpu(s) => f(View::new(s.as_slice::<T>()?, l)?),
+        _ => candle_core::bail!("attention: tensor is not on the CPU"),
+    }
+}
+
+impl CustomOp3 for Attention {
+    fn name(&self) -> &'static str {
+        "fused-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        qs: &CpuStorage,
+        ql: &Layout,
+        ks: &CpuStorage,
+        kl: &Layout,
+        vs: &CpuStorage,
+        vl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (b, h, t, d) = ql.shape().dims4()?;
+        let (_, kvh, big_t, _) = kl.shape().dims4()?;
+        let dm = Dims {
+            h,
+            t,
+            d,
+            kvh,
+            big_t,
+        };
+        dispatch!(qs.dtype(), T => {
+            let q = View::new(qs.as_slice::<T>()?, ql)?;
+            let k = View::new(ks.as_slice::<T>()?, kl)?;
+            let v = View::new(vs.as_slice::<T>()?, vl)?;
+            let scale = T::from_f64(self.scale);
+            let out = with_slice::<T, _>(&self.bias, |m| Ok(forward(q, k, v, m, b, dm, scale)))?;
+            Ok((T::to_cpu_storage_owned(out), Shape::from((b, h, t, d))))
+        })
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _out: &Tensor,
+        dout: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (b, h, t, d) = q.dims4()?;
+        let (_, kvh, big_t, _) = k.dims4()?;
+        let dm = Dims {
+            h,
+            t,
+            d,
+            kvh,
+            big_t,
+        };
+        dispatch!(q.dtype(), T => {
+            let scale = T::from_f64(self.scale);
+            let (dq, dk, dv) = with_view::<T, _>(q, |qv| {
+                with_view::<T, _>(k, |kv| {
+                    with_view::<T, _>(v, |vv| {
+                        with_slice::<T, _>(dout, |g| {
+                            with_slice::<T, _>(&self.bias, |m| {
+                                Ok(backward(qv, kv, vv, g, m, b, dm, scale))
+                            })
+                        })
+                    })
+                })
+            })?;
+            let keep = |t: &Tensor, g: Vec<T>| t.track_op().then(|| tensor(g, t.dims())).transpose();
+            Ok((keep(q, dq)?, keep(k, dk)?, keep(v, dv)?))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_util::{rand, rel_diff};
+    use super::*;
+    use candle_core::{DType, Device, Var, D};
+
+    /// transformers' eager attention with repeated kv heads.
+    fn reference(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, scale: f64) -> Tensor {
+        let (b, h, _, _) = q.dims4().unwrap();
+        let (_, kvh, big_t, d) = k.dims4().unwrap();
+        let rep = |x: &Tensor| {
+            x.unsqueeze(2)
+                .unwrap()
+                .expand((b, kvh, h / kvh, big_t, d))
+                .unwrap()
+                .reshape((b, h, big_t, d))
+                .unwrap()
+        };
+        let (q, k, v) = (
+            q.contiguous().unwrap(),
+            k.contiguous().unwrap(),
+            v.contiguous().unwrap(),
+        );
+        let (k, v) = (&k, &v);
+        let s = (q.matmul(&rep(k).t().unwrap()).unwrap() * scale).unwrap();
+        let p = candle_nn::ops::softmax(&s.broadcast_add(bias).unwrap(), D::Minus1).unwrap();
+        p.matmul(&rep(v)).unwrap()
+    }
+
+    #[test]
+    fn matches_repeated_head_attention_values_and_gradients() {
+        let (b, h, kvh, t, past, d) = (2, 6, 2, 5, 3, 8);
+        let big_t = past + t;
+        let bias = crate::ops::causal_bias(&[0, 2], past, t, &Device::Cpu).unwrap();
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+            let bias = bias.to_dtype(dtype).unwrap();
+            // q as the decoder makes it: a transposed [b, t, h, d] view.
+            let qb = Var::from_tensor(&rand(&[b, t, h, d], 1, dtype)).unwrap();
+            let q = qb.as_tensor().transpose(1, 2).unwrap();
+            let k = Var::from_tensor(&rand(&[b, kvh, big_t, d], 2, dtype)).unwrap();
+            let vb = Var::from_tensor(&rand(&[b, big_t, kvh, d], 3, dtype)).unwrap();
+            let v = vb.as_tensor().transpose(1, 2).unwrap();
+            let coef = rand(&[b, h, t, d], 4, dtype);
+            let got = attention(&q, k.as_tensor(), &v, &bias, 0.3).unwrap();
+            let want = reference(&q, k.as_tensor(), &v, &bias, 0.3);
+            assert!(rel_diff(&got, &want) < tol);
+            let g1 = (got * &coef)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let g2 = (want * &coef)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            for x in [&qb, &k, &vb] {
+                let dd = rel_diff(
+                    g1.get(x.as_tensor()).unwrap(),
+                    g2.get(x.as_tensor()).unwrap(),
+                );
+                assert!(dd < tol, "{dtype:?}: {dd}");
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_shapes_that_do_not_fit() {
+        let q = rand(&[1, 4, 3, 8], 1, DType::F32);
+        let k = rand(&[1, 3, 3, 8], 2, DType::F32);
+        let bias = crate::ops::causal_bias(&[0], 0, 3, &Device::Cpu).unwrap();
+        assert!(attention(&q, &k, &k, &bias, 1.0).is_err());
+    }
+}
