@@ -65,27 +65,21 @@ impl Linear {
         let dims = x.dims().to_vec();
         let in_dim = *dims.last().expect("rank >= 1");
         let rows: usize = dims[..dims.len() - 1].iter().product();
+        if let Some(y) = self.fused_forward(x, grad)? {
+            return Ok(y);
+        }
         let x2 = x.contiguous()?.reshape((rows, in_dim))?;
-        let mut y = match self.fused_forward(&x2, grad)? {
-            Some(y) => y,
-            None => {
-                let y = self.base_forward(&x2)?;
-                match self.active_lora() {
-                    Some(lora) => lora.add_delta(&y, &x2, grad)?,
-                    None => y,
-                }
-            }
-        };
+        let mut y = self.base_forward(&x2)?;
+        if let Some(lora) = self.active_lora() {
+            y = lora.add_delta(&y, &x2, grad)?;
+        }
         let mut out_dims = dims;
         *out_dims.last_mut().expect("rank >= 1") = self.weight.dim(0)?;
-        if y.dims() != out_dims.as_slice() {
-            y = y.reshape(out_dims)?;
-        }
-        Ok(y)
+        Ok(y.reshape(out_dims)?)
     }
 
     /// The training path through [`crate::fused::linear`] (one graph node for the base product
-    /// plus the adapter) when the kernels handle `x2 [rows, in]`; `None` leaves it to
+    /// plus the adapter, no reshapes) when the kernels handle `x2 [.., in]`; `None` leaves it to
     /// candle's ops (other devices and dtypes, a trainable bias on a frozen weight, adapters
     /// in another dtype, or a trainable base weight under an adapter).
     fn fused_forward(&self, x2: &Tensor, grad: bool) -> Result<Option<Tensor>> {

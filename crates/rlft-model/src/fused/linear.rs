@@ -13,7 +13,8 @@ use rayon::prelude::*;
 
 use super::{contiguous_slice, dispatch, gemm, tensor, with_slice, Real};
 
-/// `x [m, k] @ w [n, k]^T (+ bias [n]) -> [m, n]` (CPU f32/f64). `bias` is a constant (frozen);
+/// `x [.., k] @ w [n, k]^T (+ bias [n]) -> [.., n]` (CPU f32/f64; leading dims are rows, so no
+/// reshape node is needed around the product). `bias` is a constant (frozen);
 /// gradients go to `x` and `w` when they track a graph.
 pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<Tensor> {
     check(x, w, bias)?;
@@ -25,8 +26,8 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Res
     )
 }
 
-/// `x [m, k] @ w^T (+ bias) + scaling * (x * mask) @ a [r, k]^T @ b [n, r]^T -> [m, n]` with a
-/// frozen `w [n, k]` and `bias [n]` (constants) and an optional dropout `mask [m, k]` (0 or
+/// `x [.., k] @ w^T (+ bias) + scaling * (x * mask) @ a [r, k]^T @ b [n, r]^T -> [.., n]` with
+/// a frozen `w [n, k]` and `bias [n]` (constants) and an optional dropout `mask` of `x`'s shape (0 or
 /// `1 / (1 - p)`, a constant). Gradients go to `x`, `a` and `b` when they track a graph.
 pub fn lora_linear(
     x: &Tensor,
@@ -38,10 +39,10 @@ pub fn lora_linear(
     mask: Option<&Tensor>,
 ) -> candle_core::Result<Tensor> {
     check(x, w, bias)?;
-    let (m, k) = x.dims2()?;
+    let (m, k) = rows_in(x.dims());
     let (n, _) = w.dims2()?;
     let (r, ka) = a.dims2()?;
-    if ka != k || b.dims2()? != (n, r) || mask.is_some_and(|t| t.dims() != [m, k]) {
+    if ka != k || b.dims2()? != (n, r) || mask.is_some_and(|t| t.dims() != x.dims()) {
         candle_core::bail!(
             "lora_linear: x [{m}, {k}], base [{n}, {k}] need A [r, {k}], B [{n}, r] and a mask \
              [{m}, {k}]; got A {:?}, B {:?}",
@@ -61,8 +62,23 @@ pub fn lora_linear(
     )
 }
 
+/// `(rows, in)` of an input `[.., in]` (rank >= 1).
+fn rows_in(dims: &[usize]) -> (usize, usize) {
+    let k = dims.last().copied().unwrap_or(0);
+    (dims[..dims.len().saturating_sub(1)].iter().product(), k)
+}
+
+/// `[.., in]` -> `[.., out]`.
+fn out_shape(dims: &[usize], n: usize) -> Shape {
+    let mut o = dims.to_vec();
+    if let Some(l) = o.last_mut() {
+        *l = n;
+    }
+    Shape::from(o)
+}
+
 fn check(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> candle_core::Result<()> {
-    let (m, k) = x.dims2()?;
+    let (m, k) = rows_in(x.dims());
     let (n, k2) = w.dims2()?;
     if k != k2 || bias.is_some_and(|b| b.dims() != [n]) {
         candle_core::bail!(
@@ -109,7 +125,7 @@ impl CustomOp2 for Linear {
         ws: &CpuStorage,
         wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (m, k) = xl.shape().dims2()?;
+        let (m, k) = rows_in(xl.dims());
         let (n, _) = wl.shape().dims2()?;
         dispatch!(xs.dtype(), T => {
             let x = contiguous_slice::<T>(xs, xl)?;
@@ -118,7 +134,7 @@ impl CustomOp2 for Linear {
                 Some(b) => with_slice::<T, _>(b, |bv| Ok(base(x, w, Some(bv), m, k, n)))?,
                 None => base(x, w, None, m, k, n),
             };
-            Ok((T::to_cpu_storage_owned(y), Shape::from((m, n))))
+            Ok((T::to_cpu_storage_owned(y), out_shape(xl.dims(), n)))
         })
     }
 
@@ -129,7 +145,7 @@ impl CustomOp2 for Linear {
         _y: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let (m, k) = x.dims2()?;
+        let (m, k) = rows_in(x.dims());
         let (n, _) = w.dims2()?;
         let (want_x, want_w) = (x.track_op(), w.track_op());
         dispatch!(x.dtype(), T => {
@@ -158,7 +174,7 @@ impl CustomOp2 for Linear {
                 Ok((dx, dw))
             })?;
             Ok((
-                dx.map(|v| tensor(v, &[m, k])).transpose()?,
+                dx.map(|v| tensor(v, x.dims())).transpose()?,
                 dw.map(|v| tensor(v, &[n, k])).transpose()?,
             ))
         })
@@ -196,7 +212,7 @@ impl CustomOp3 for LoraLinear {
         bs: &CpuStorage,
         bl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (m, k) = xl.shape().dims2()?;
+        let (m, k) = rows_in(xl.dims());
         let (r, _) = al.shape().dims2()?;
         let (n, _) = bl.shape().dims2()?;
         dispatch!(xs.dtype(), T => {
@@ -218,7 +234,7 @@ impl CustomOp3 for LoraLinear {
             let s = T::from_f64(self.scaling);
             h.par_iter_mut().for_each(|v| *v = *v * s);
             gemm(m, n, r, &mut y, &h, false, b, true, true);
-            Ok((T::to_cpu_storage_owned(y), Shape::from((m, n))))
+            Ok((T::to_cpu_storage_owned(y), out_shape(xl.dims(), n)))
         })
     }
 
@@ -230,7 +246,7 @@ impl CustomOp3 for LoraLinear {
         _y: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (m, k) = x.dims2()?;
+        let (m, k) = rows_in(x.dims());
         let (r, _) = a.dims2()?;
         let (n, _) = b.dims2()?;
         let (want_x, want_a, want_b) = (x.track_op(), a.track_op(), b.track_op());
@@ -291,7 +307,7 @@ impl CustomOp3 for LoraLinear {
             })?;
             let (dx, da, db) = out;
             Ok((
-                dx.map(|v| tensor(v, &[m, k])).transpose()?,
+                dx.map(|v| tensor(v, x.dims())).transpose()?,
                 da.map(|v| tensor(v, &[r, k])).transpose()?,
                 db.map(|v| tensor(v, &[n, r])).transpose()?,
             ))
@@ -352,13 +368,14 @@ mod tests {
         let (m, k, n, r) = (29, 24, 19, 4);
         for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
             for with_mask in [false, true] {
-                let x = Var::from_tensor(&rand(&[m, k], 1, dtype)).unwrap();
+                // A 3-D input: leading dims are rows.
+                let x = Var::from_tensor(&rand(&[1, m, k], 1, dtype)).unwrap();
                 let w = rand(&[n, k], 2, dtype);
                 let bias = rand(&[n], 3, dtype);
                 let a = Var::from_tensor(&rand(&[r, k], 4, dtype)).unwrap();
                 let b = Var::from_tensor(&rand(&[n, r], 5, dtype)).unwrap();
                 let mask = with_mask.then(|| {
-                    (rand(&[m, k], 6, dtype)
+                    (rand(&[1, m, k], 6, dtype)
                         .ge(0.0)
                         .unwrap()
                         .to_dtype(dtype)
@@ -366,7 +383,7 @@ mod tests {
                         * 2.0)
                         .unwrap()
                 });
-                let coef = rand(&[m, n], 7, dtype);
+                let coef = rand(&[1, m, n], 7, dtype);
                 let (at, bt) = (a.as_tensor(), b.as_tensor());
                 let got = lora_linear(x.as_tensor(), &w, Some(&bias), at, bt, 0.5, mask.as_ref())
                     .unwrap();
@@ -375,15 +392,15 @@ mod tests {
                     None => x.as_tensor().clone(),
                 };
                 let delta = (xd
-                    .matmul(&at.t().unwrap())
+                    .broadcast_matmul(&at.t().unwrap())
                     .unwrap()
-                    .matmul(&bt.t().unwrap())
+                    .broadcast_matmul(&bt.t().unwrap())
                     .unwrap()
                     * 0.5)
                     .unwrap();
                 let want = (x
                     .as_tensor()
-                    .matmul(&w.t().unwrap())
+                    .broadcast_matmul(&w.t().unwrap())
                     .unwrap()
                     .broadcast_add(&bias)
                     .unwrap()
