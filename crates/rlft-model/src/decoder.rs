@@ -389,7 +389,7 @@ impl CausalLm {
                 Some(cache) => cache.append(li, &k, &v)?,
                 None => (k, v),
             };
-            let attn = ops::attention(&q, &k, &v, &batch.bias, grad)?;
+            let attn = ops::attention_rows(&q, &k, &v, &batch.bias, grad)?;
             x = self.layer_out(layer, x, &attn, grad)?;
         }
         self.final_norm(&x, grad)
@@ -410,6 +410,26 @@ impl CausalLm {
         let hd = c.head_dim;
         let hs = ops::rms_norm(x, &layer.input_layernorm, c.rms_norm_eps, grad)?;
         let a = &layer.self_attn;
+        if grad && a.q_norm.is_none() && crate::fused::enabled_for(&hs) {
+            // Rotation straight from the projections' rows: no reshape/transpose nodes.
+            let (cos, sin) = (cos.to_dtype(hs.dtype())?, sin.to_dtype(hs.dtype())?);
+            let rot = |p: &Linear, n: usize| -> Result<Tensor> {
+                Ok(crate::fused::rope::rope_rows(
+                    &p.forward_t(&hs, grad)?,
+                    n,
+                    &cos,
+                    &sin,
+                )?)
+            };
+            let q = rot(&a.q_proj, c.num_attention_heads)?;
+            let k = rot(&a.k_proj, c.num_key_value_heads)?;
+            let v = a
+                .v_proj
+                .forward_t(&hs, grad)?
+                .reshape((b, t, c.num_key_value_heads, hd))?
+                .transpose(1, 2)?;
+            return Ok((q, k, v));
+        }
         let heads = |p: &Linear, n: usize| -> Result<Tensor> {
             Ok(p.forward_t(&hs, grad)?
                 .reshape((b, t, n, hd))?
@@ -428,7 +448,7 @@ impl CausalLm {
     }
 
     /// The rest of a layer after attention: output projection and residual, then the MLP
-    /// block. `x` is the layer's input, `attn [b, heads, t, d]`.
+    /// block. `x` is the layer's input, `attn [b, t, heads * d]` ([`ops::attention_rows`]).
     pub(crate) fn layer_out(
         &self,
         layer: &Layer,
@@ -437,9 +457,7 @@ impl CausalLm {
         grad: bool,
     ) -> Result<Tensor> {
         let c = &self.config;
-        let (b, h, t, d) = attn.dims4()?;
-        let attn = attn.transpose(1, 2)?.reshape((b, t, h * d))?;
-        let x = (x + layer.self_attn.o_proj.forward_t(&attn, grad)?)?;
+        let x = (x + layer.self_attn.o_proj.forward_t(attn, grad)?)?;
         let hs = ops::rms_norm(&x, &layer.post_attention_layernorm, c.rms_norm_eps, grad)?;
         let m = &layer.mlp;
         let (gate, up) = (

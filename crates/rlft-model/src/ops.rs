@@ -515,6 +515,28 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, grad: bool) 
     Ok(out.reshape((b, h, t, d))?)
 }
 
+/// [`attention`] with the output laid out `[b, t, h * d]` (the output projection's input); the
+/// fused kernel writes that layout directly.
+pub fn attention_rows(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: &Tensor,
+    grad: bool,
+) -> Result<Tensor> {
+    let (b, h, t, d) = q.dims4()?;
+    let big_t = k.dim(2)?;
+    if crate::fused::enabled_for(q) && bias.dims4()? == (b, 1, t, big_t) {
+        let scale = 1.0 / (d as f64).sqrt();
+        let bias = bias.to_dtype(q.dtype())?;
+        return Ok(crate::fused::attention::attention_rows(
+            q, k, v, &bias, scale,
+        )?);
+    }
+    let out = attention(q, k, v, bias, grad)?;
+    Ok(out.transpose(1, 2)?.reshape((b, t, h * d))?)
+}
+
 /// Additive attention bias `[b, 1, t, past + t]` for left-padded rows: query `i` of row `r`
 /// sees keys `j <= past + i` that are not padding (`j >= pad[r]`). A fully masked row (a pad
 /// query) keeps its own key so softmax stays finite.

@@ -104,11 +104,11 @@ impl CausalLm {
         for layer in &self.layers {
             let (qp, kp, vp) = self.layer_qkv(layer, &xp, &cos_p, &sin_p, grad)?;
             let (qs, ks, vs) = self.layer_qkv(layer, &xs, &cos_s, &sin_s, grad)?;
-            let attn_p = crate::ops::attention(&qp, &kp, &vp, &sb.prefix.bias, grad)?;
+            let attn_p = crate::ops::attention_rows(&qp, &kp, &vp, &sb.prefix.bias, grad)?;
             // Each completion row sees its prompt's keys/values, then its own.
             let k = Tensor::cat(&[kp.contiguous()?.index_select(&sb.group, 0)?, ks], 2)?;
             let v = Tensor::cat(&[vp.contiguous()?.index_select(&sb.group, 0)?, vs], 2)?;
-            let attn_s = crate::ops::attention(&qs, &k, &v, &sb.suffix.bias, grad)?;
+            let attn_s = crate::ops::attention_rows(&qs, &k, &v, &sb.suffix.bias, grad)?;
             xp = self.layer_out(layer, xp, &attn_p, grad)?;
             xs = self.layer_out(layer, xs, &attn_s, grad)?;
         }

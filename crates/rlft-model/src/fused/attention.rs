@@ -23,6 +23,17 @@ pub fn attention(
     bias: &Tensor,
     scale: f64,
 ) -> candle_core::Result<Tensor> {
+    apply(q, k, v, bias, scale, false)
+}
+
+fn apply(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: &Tensor,
+    scale: f64,
+    rows_out: bool,
+) -> candle_core::Result<Tensor> {
     let (b, h, t, d) = q.dims4()?;
     let (kb, kvh, big_t, kd) = k.dims4()?;
     if kb != b
@@ -54,13 +65,28 @@ pub fn attention(
         Attention {
             bias: bias.detach().contiguous()?,
             scale,
+            rows_out,
         },
     )
+}
+
+/// [`attention`] with the output laid out `[b, t, h * d]`, the input of the output projection:
+/// no transpose and copy node between the two.
+pub fn attention_rows(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: &Tensor,
+    scale: f64,
+) -> candle_core::Result<Tensor> {
+    apply(q, k, v, bias, scale, true)
 }
 
 struct Attention {
     bias: Tensor,
     scale: f64,
+    /// Output `[b, t, h * d]` instead of `[b, h, t, d]`.
+    rows_out: bool,
 }
 
 /// A strided `[b, heads, rows, d]` view with a unit last stride.
@@ -138,11 +164,13 @@ fn probs<T: Real>(qg: &[T], kk: &[T], bias: &[T], bi: usize, dm: Dims, scale: T)
             sum += *o;
         }
         let inv = T::from_f64(1.0) / sum;
-        pr.iter_mut().for_each(|o| *o = *o * inv);
+        pr.iter_mut().for_each(|o| *o *= inv);
     }
     p
 }
 
+/// The output `[b, h, t, d]`, or `[b, t, h, d]` when `rows_out`.
+#[allow(clippy::too_many_arguments)]
 fn forward<T: Real>(
     q: View<T>,
     k: View<T>,
@@ -151,19 +179,43 @@ fn forward<T: Real>(
     b: usize,
     dm: Dims,
     scale: T,
+    rows_out: bool,
 ) -> Vec<T> {
     let g = dm.groups();
     let chunk = g * dm.t * dm.d;
     let mut out = vec![T::from_f64(0.0); b * dm.h * dm.t * dm.d];
-    out.par_chunks_mut(chunk)
+    let task = |task: usize, oc: &mut [T]| {
+        let (bi, kv) = (task / dm.kvh, task % dm.kvh);
+        let qg = q.gather(bi, kv * g, g, dm.t);
+        let kk = k.gather(bi, kv, 1, dm.big_t);
+        let vv = v.gather(bi, kv, 1, dm.big_t);
+        let p = probs(&qg, &kk, bias, bi, dm, scale);
+        gemm_seq(g * dm.t, dm.d, dm.big_t, oc, &p, false, &vv, false, false);
+    };
+    if !rows_out {
+        out.par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, oc)| task(i, oc));
+        return out;
+    }
+    // Per task `[g, t, d]`, then scattered token by token into `[b, t, h, d]`.
+    let parts: Vec<Vec<T>> = (0..b * dm.kvh)
+        .into_par_iter()
+        .map(|i| {
+            let mut oc = vec![T::from_f64(0.0); chunk];
+            task(i, &mut oc);
+            oc
+        })
+        .collect();
+    out.par_chunks_mut(dm.h * dm.d)
         .enumerate()
-        .for_each(|(task, oc)| {
-            let (bi, kv) = (task / dm.kvh, task % dm.kvh);
-            let qg = q.gather(bi, kv * g, g, dm.t);
-            let kk = k.gather(bi, kv, 1, dm.big_t);
-            let vv = v.gather(bi, kv, 1, dm.big_t);
-            let p = probs(&qg, &kk, bias, bi, dm, scale);
-            gemm_seq(g * dm.t, dm.d, dm.big_t, oc, &p, false, &vv, false, false);
+        .for_each(|(bt, row)| {
+            let (bi, ti) = (bt / dm.t, bt % dm.t);
+            for (hi, dst) in row.chunks_mut(dm.d).enumerate() {
+                let part = &parts[bi * dm.kvh + hi / g];
+                let r = (hi % g) * dm.t + ti;
+                dst.copy_from_slice(&part[r * dm.d..(r + 1) * dm.d]);
+            }
         });
     out
 }
@@ -174,7 +226,7 @@ fn backward<T: Real>(
     q: View<T>,
     k: View<T>,
     v: View<T>,
-    dout: &[T],
+    dout: View<T>,
     bias: &[T],
     b: usize,
     dm: Dims,
@@ -197,7 +249,8 @@ fn backward<T: Real>(
             let qg = q.gather(bi, kv * g, g, dm.t);
             let kk = k.gather(bi, kv, 1, big_t);
             let vv = v.gather(bi, kv, 1, big_t);
-            let doc = &dout[task * rows * d..(task + 1) * rows * d];
+            let doc = dout.gather(bi, kv * g, g, dm.t);
+            let doc = &doc[..];
             let p = probs(&qg, &kk, bias, bi, dm, scale);
             // dV = P^T dO
             gemm_seq(big_t, d, rows, dvc, &p, true, doc, false, false);
@@ -257,8 +310,16 @@ impl CustomOp3 for Attention {
             let k = View::new(ks.as_slice::<T>()?, kl)?;
             let v = View::new(vs.as_slice::<T>()?, vl)?;
             let scale = T::from_f64(self.scale);
-            let out = with_slice::<T, _>(&self.bias, |m| Ok(forward(q, k, v, m, b, dm, scale)))?;
-            Ok((T::to_cpu_storage_owned(out), Shape::from((b, h, t, d))))
+            let rows_out = self.rows_out;
+            let out = with_slice::<T, _>(&self.bias, |m| {
+                Ok(forward(q, k, v, m, b, dm, scale, rows_out))
+            })?;
+            let shape = if rows_out {
+                Shape::from((b, t, h * d))
+            } else {
+                Shape::from((b, h, t, d))
+            };
+            Ok((T::to_cpu_storage_owned(out), shape))
         })
     }
 
@@ -285,8 +346,15 @@ impl CustomOp3 for Attention {
                 with_view::<T, _>(k, |kv| {
                     with_view::<T, _>(v, |vv| {
                         with_slice::<T, _>(dout, |g| {
+                            // dout is contiguous, `[b, h, t, d]` or `[b, t, h, d]`.
+                            let st = if self.rows_out {
+                                [t * h * d, d, h * d]
+                            } else {
+                                [h * t * d, t * d, d]
+                            };
+                            let gv = View { data: g, off: 0, st, d };
                             with_slice::<T, _>(&self.bias, |m| {
-                                Ok(backward(qv, kv, vv, g, m, b, dm, scale))
+                                Ok(backward(qv, kv, vv, gv, m, b, dm, scale))
                             })
                         })
                     })
@@ -350,7 +418,7 @@ mod tests {
                 .unwrap()
                 .backward()
                 .unwrap();
-            let g2 = (want * &coef)
+            let g2 = (&want * &coef)
                 .unwrap()
                 .sum_all()
                 .unwrap()
@@ -362,6 +430,32 @@ mod tests {
                     g2.get(x.as_tensor()).unwrap(),
                 );
                 assert!(dd < tol, "{dtype:?}: {dd}");
+            }
+            // The `[b, t, h * d]` layout: same values and gradients.
+            let rows = attention_rows(&q, k.as_tensor(), &v, &bias, 0.3).unwrap();
+            let want_rows = want
+                .transpose(1, 2)
+                .unwrap()
+                .reshape((b, t, h * d))
+                .unwrap();
+            assert!(rel_diff(&rows, &want_rows) < tol);
+            let coef_rows = coef
+                .transpose(1, 2)
+                .unwrap()
+                .reshape((b, t, h * d))
+                .unwrap();
+            let g3 = (rows * coef_rows)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            for x in [&qb, &k, &vb] {
+                let dd = rel_diff(
+                    g3.get(x.as_tensor()).unwrap(),
+                    g2.get(x.as_tensor()).unwrap(),
+                );
+                assert!(dd < tol, "rows {dtype:?}: {dd}");
             }
         }
     }

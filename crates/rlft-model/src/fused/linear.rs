@@ -232,7 +232,7 @@ impl CustomOp3 for LoraLinear {
                 None => gemm(m, r, k, &mut h, x, false, a, true, false),
             }
             let s = T::from_f64(self.scaling);
-            h.par_iter_mut().for_each(|v| *v = *v * s);
+            h.par_iter_mut().for_each(|v| *v *= s);
             gemm(m, n, r, &mut y, &h, false, b, true, true);
             Ok((T::to_cpu_storage_owned(y), out_shape(xl.dims(), n)))
         })
@@ -261,7 +261,7 @@ impl CustomOp3 for LoraLinear {
                             // dh = scaling * dy @ B   [m, r]
                             let mut dh = vec![zero; m * r];
                             gemm(m, r, n, &mut dh, g, false, bv, false, false);
-                            dh.iter_mut().for_each(|v| *v = *v * s);
+                            dh.iter_mut().for_each(|v| *v *= s);
                             let dx = if want_x {
                                 let mut dx = vec![zero; m * k];
                                 with_slice::<T, _>(&self.w, |w| {
@@ -295,7 +295,7 @@ impl CustomOp3 for LoraLinear {
                             let db = want_b.then(|| {
                                 let mut h = vec![zero; m * r];
                                 gemm(m, r, k, &mut h, &xd, false, av, true, false);
-                                h.iter_mut().for_each(|v| *v = *v * s);
+                                h.iter_mut().for_each(|v| *v *= s);
                                 let mut db = vec![zero; n * r];
                                 gemm(n, r, m, &mut db, g, true, &h, false, false);
                                 db

@@ -58,6 +58,7 @@ pub trait Real:
     + std::ops::Div<Output = Self>
     + std::ops::Neg<Output = Self>
     + std::ops::AddAssign
+    + std::ops::MulAssign
     + std::iter::Sum
 {
     /// `e^x`.

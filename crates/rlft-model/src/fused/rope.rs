@@ -13,16 +13,8 @@ use super::{dispatch, tensor, with_slice, Real};
 /// transposed view of a projection's `[b, t, h, d]` output), `cos`, `sin` `[b, t, d/2]` (the
 /// dtype of `x`, constants) -> contiguous `[b, h, t, d]`. One graph node with input `x` only.
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tensor> {
-    let (b, _h, t, d) = x.dims4()?;
-    if d % 2 != 0 || cos.dims() != [b, t, d / 2] || sin.dims() != cos.dims() {
-        candle_core::bail!(
-            "rope: x {:?} needs cos/sin [{b}, {t}, {}], got {:?} / {:?}",
-            x.dims(),
-            d / 2,
-            cos.dims(),
-            sin.dims()
-        );
-    }
+    let (b, h, t, d) = x.dims4()?;
+    check(b, t, d, cos, sin)?;
     let x = if x.stride()[3] == 1 {
         x.clone()
     } else {
@@ -31,45 +23,121 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> candle_core::Result<Tenso
     x.apply_op1(Rope {
         cos: cos.detach().contiguous()?,
         sin: sin.detach().contiguous()?,
+        rows_in: None,
+        dims: [b, h, t, d],
     })
+}
+
+/// [`rope`] straight from a projection's output `x [b, t, heads * d]` (contiguous): the
+/// result is `[b, heads, t, d]` and the backward writes `dx` back as `[b, t, heads * d]`, so
+/// no reshape or transpose node sits between the projection and the rotation.
+pub fn rope_rows(
+    x: &Tensor,
+    heads: usize,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> candle_core::Result<Tensor> {
+    let (b, t, hd) = x.dims3()?;
+    if heads == 0 || hd % heads != 0 {
+        candle_core::bail!("rope_rows: {hd} features do not split into {heads} heads");
+    }
+    let d = hd / heads;
+    check(b, t, d, cos, sin)?;
+    x.contiguous()?.apply_op1(Rope {
+        cos: cos.detach().contiguous()?,
+        sin: sin.detach().contiguous()?,
+        rows_in: Some(heads),
+        dims: [b, heads, t, d],
+    })
+}
+
+fn check(b: usize, t: usize, d: usize, cos: &Tensor, sin: &Tensor) -> candle_core::Result<()> {
+    if d & 1 != 0 || cos.dims() != [b, t, d / 2] || sin.dims() != cos.dims() {
+        candle_core::bail!(
+            "rope: a head dim of {d} over [{b}, {t}] positions needs cos/sin [{b}, {t}, {}], \
+             got {:?} / {:?}",
+            d / 2,
+            cos.dims(),
+            sin.dims()
+        );
+    }
+    Ok(())
 }
 
 struct Rope {
     cos: Tensor,
     sin: Tensor,
+    /// `Some(heads)`: the input is `[b, t, heads * d]` rows (see [`rope_rows`]).
+    rows_in: Option<usize>,
+    /// `[b, h, t, d]` of the output.
+    dims: [usize; 4],
 }
 
-/// Rotates every `[d]` row of `x` (element `(bi, hi, ti, j)` at `off + bi*s0 + hi*s1 + ti*s2 +
-/// j`) into contiguous `[b, h, t, d]`; `sign = -1` rotates backwards.
+/// Where rows live: element `(bi, hi, ti, j)` at `off + bi*s0 + hi*s1 + ti*s2 + j`.
+#[derive(Clone, Copy)]
+struct Strided {
+    off: usize,
+    st: [usize; 3],
+}
+
+impl Strided {
+    fn at(&self, bi: usize, hi: usize, ti: usize) -> usize {
+        self.off + bi * self.st[0] + hi * self.st[1] + ti * self.st[2]
+    }
+}
+
+/// Rotates one `[d]` row (`backwards`: by `-angle`).
+fn rotate_row<T: Real>(x: &[T], c: &[T], s: &[T], backwards: bool, y: &mut [T]) {
+    let half = c.len();
+    for j in 0..half {
+        let (x1, x2) = (x[j], x[j + half]);
+        let sn = if backwards { -s[j] } else { s[j] };
+        y[j] = x1 * c[j] - x2 * sn;
+        y[j + half] = x2 * c[j] + x1 * sn;
+    }
+}
+
+/// Rotates every `[d]` row of `x` (read through `src`) into a new contiguous buffer laid out
+/// `[b, h, t, d]`, or `[b, t, h, d]` when `out_rows`.
 #[allow(clippy::too_many_arguments)]
 fn rotate<T: Real>(
     x: &[T],
-    off: usize,
-    strides: [usize; 3],
+    src: Strided,
     dims: [usize; 4],
     cos: &[T],
     sin: &[T],
     backwards: bool,
+    out_rows: bool,
 ) -> Vec<T> {
     let [b, h, t, d] = dims;
     let half = d / 2;
     let mut y = vec![T::from_f64(0.0); b * h * t * d];
-    y.par_chunks_mut(t * d).enumerate().for_each(|(bh, yc)| {
-        let (bi, hi) = (bh / h, bh % h);
-        for ti in 0..t {
-            let src = off + bi * strides[0] + hi * strides[1] + ti * strides[2];
-            let xr = &x[src..src + d];
-            let tab = (bi * t + ti) * half;
-            let (c, s) = (&cos[tab..tab + half], &sin[tab..tab + half]);
-            let yr = &mut yc[ti * d..(ti + 1) * d];
-            for j in 0..half {
-                let (x1, x2) = (xr[j], xr[j + half]);
-                let sn = if backwards { -s[j] } else { s[j] };
-                yr[j] = x1 * c[j] - x2 * sn;
-                yr[j + half] = x2 * c[j] + x1 * sn;
+    let one = |bi: usize, hi: usize, ti: usize, yr: &mut [T]| {
+        let i = src.at(bi, hi, ti);
+        let tab = (bi * t + ti) * half;
+        rotate_row(
+            &x[i..i + d],
+            &cos[tab..tab + half],
+            &sin[tab..tab + half],
+            backwards,
+            yr,
+        );
+    };
+    if out_rows {
+        y.par_chunks_mut(h * d).enumerate().for_each(|(bt, yc)| {
+            let (bi, ti) = (bt / t, bt % t);
+            for (hi, yr) in yc.chunks_mut(d).enumerate() {
+                one(bi, hi, ti, yr);
             }
-        }
-    });
+        });
+    } else {
+        y.par_chunks_mut(t * d).enumerate().for_each(|(bh, yc)| {
+            let (bi, hi) = (bh / h, bh % h);
+            for (ti, yr) in yc.chunks_mut(d).enumerate() {
+                one(bi, hi, ti, yr);
+            }
+        });
+    }
     y
 }
 
@@ -79,33 +147,54 @@ impl CustomOp1 for Rope {
     }
 
     fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (b, h, t, d) = xl.shape().dims4()?;
-        let st = xl.stride();
-        if st[3] != 1 {
-            candle_core::bail!("rope: the last dim of x must be contiguous");
-        }
+        let [b, h, t, d] = self.dims;
+        let src = match self.rows_in {
+            Some(_) => {
+                if !xl.is_contiguous() {
+                    candle_core::bail!("rope_rows: the input must be contiguous");
+                }
+                Strided {
+                    off: xl.start_offset(),
+                    st: [t * h * d, d, h * d],
+                }
+            }
+            None => {
+                let st = xl.stride();
+                if st[3] != 1 {
+                    candle_core::bail!("rope: the last dim of x must be contiguous");
+                }
+                Strided {
+                    off: xl.start_offset(),
+                    st: [st[0], st[1], st[2]],
+                }
+            }
+        };
         dispatch!(xs.dtype(), T => {
             let x = xs.as_slice::<T>()?;
             let y = with_slice::<T, _>(&self.cos, |c| {
-                with_slice::<T, _>(&self.sin, |s| {
-                    Ok(rotate(x, xl.start_offset(), [st[0], st[1], st[2]], [b, h, t, d], c, s, false))
-                })
+                with_slice::<T, _>(&self.sin, |s| Ok(rotate(x, src, self.dims, c, s, false, false)))
             })?;
             Ok((T::to_cpu_storage_owned(y), Shape::from((b, h, t, d))))
         })
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        let (b, h, t, d) = dy.dims4()?;
+        let [_b, h, t, d] = self.dims;
         let dy = dy.contiguous()?;
-        let st = [h * t * d, t * d, d];
+        let src = Strided {
+            off: 0,
+            st: [h * t * d, t * d, d],
+        };
+        let out_rows = self.rows_in.is_some();
         dispatch!(x.dtype(), T => {
             let dx = with_slice::<T, _>(&dy, |g| {
                 with_slice::<T, _>(&self.cos, |c| {
-                    with_slice::<T, _>(&self.sin, |s| Ok(rotate(g, 0, st, [b, h, t, d], c, s, true)))
+                    with_slice::<T, _>(&self.sin, |s| {
+                        Ok(rotate(g, src, self.dims, c, s, true, out_rows))
+                    })
                 })
             })?;
-            Ok(Some(tensor(dx, &[b, h, t, d])?))
+            Ok(Some(tensor(dx, x.dims())?))
         })
     }
 }
@@ -151,7 +240,7 @@ mod tests {
                 .unwrap()
                 .backward()
                 .unwrap();
-            let g2 = (want * &coef)
+            let g2 = (&want * &coef)
                 .unwrap()
                 .sum_all()
                 .unwrap()
@@ -162,6 +251,17 @@ mod tests {
                 g2.get(base.as_tensor()).unwrap(),
             );
             assert!(rel_diff(d1, d2) < tol, "{dtype:?}");
+            // The same rotation straight from the projection rows.
+            let rows = base.as_tensor().reshape((b, t, h * d)).unwrap();
+            let got = rope_rows(&rows, h, &cos, &sin).unwrap();
+            assert!(rel_diff(&got, &want) < tol);
+            let g3 = (got * &coef)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            assert!(rel_diff(g3.get(base.as_tensor()).unwrap(), d2) < tol);
         }
     }
 }

@@ -59,7 +59,7 @@ fn forward<T: Real>(s: &[T], bias: &[T], dims: [usize; 4], t: usize, scale: T) -
                 }
                 let inv = T::from_f64(1.0) / sum;
                 for o in pr.iter_mut() {
-                    *o = *o * inv;
+                    *o *= inv;
                 }
             }
         });
