@@ -110,26 +110,3 @@ pub fn chat_prompt_ids(m: &LoadedModel, messages: &[Message]) -> Result<Vec<u32>
     let text = tpl.render(messages, &m.text.render_options(true))?;
     Ok(m.text.encode(&text, false)?)
 }
-
-/// Peak resident memory of this process in MiB (VmHWM).
-pub fn peak_rss_mib() -> Option<f64> {
-    proc_status_kb("VmHWM").map(|kb| kb / 1024.0)
-}
-
-/// Current resident memory in MiB.
-pub fn rss_mib() -> Option<f64> {
-    proc_status_kb("VmRSS").map(|kb| kb / 1024.0)
-}
-
-fn proc_status_kb(key: &str) -> Option<f64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    s.lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-}
-
-/// Resets the peak-RSS counter to the current RSS (Linux `clear_refs`); false if unsupported.
-pub fn reset_peak_rss() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}

@@ -1,7 +1,6 @@
 //! `rlft`: reinforcement-learning fine-tuning of LLMs, one binary, no Python at run time.
 
 mod bench;
-mod bench_grpo;
 mod common;
 mod data_cmd;
 mod default_model;
@@ -56,7 +55,8 @@ enum Command {
     Report(report_cmd::ReportArgs),
     /// Print the path of the default model, fetching it if needed.
     FetchModel,
-    /// Benchmarks (median time, spread, tokens/s, peak RSS).
+    /// Standard benchmarks (generate, fwd_bwd, lora, adamw, ref_pass, grpo): median time, spread,
+    /// peak RSS; --against-reference runs PyTorch/TRL beside each case and prints the ratio.
     Bench(bench::BenchArgs),
 }
 

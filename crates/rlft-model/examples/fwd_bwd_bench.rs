@@ -17,22 +17,21 @@
 //! of the backward, which machine noise disturbs less), peak RSS (VmHWM, reset after loading as
 //! bench.py does) and what candle's raw gradient store holds beyond the trainable weights.
 //!
-//! Simplification: the model sees 127 positions (the last token's hidden state predicts
-//! nothing), where bench.py runs all 128 and computes logits for every position.
+//! The batch, the timed step and the RSS reset are [`rlft_model::bench`]'s, which `rlft bench
+//! fwd_bwd` / `rlft bench lora` run too (one fresh process per case, beside the reference); this
+//! example adds the A/B of frozen ops and the look into candle's gradient store. Simplification:
+//! the model sees 127 positions (the last token's hidden state predicts nothing), where bench.py
+//! runs all 128 and computes logits for every position.
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
-use candle_core::{Device, Tensor};
-use rlft_model::decoder::Batch;
+use candle_core::Device;
+use rlft_model::bench::{bench_lora_config, fwd_bwd, median, process, BenchBatch};
 use rlft_model::load::{load_model, LoadOptions};
-use rlft_model::lora::{attach_lora, LoraConfig};
-use rlft_model::trainable::{make_trainable, masked_mean_nll, sequence_logprobs};
-
-const BATCH: usize = 8;
-const SEQ: usize = 128;
-const PROMPT: usize = 64;
+use rlft_model::lora::attach_lora;
+use rlft_model::trainable::make_trainable;
 
 fn model_path(arg: Option<String>) -> PathBuf {
     if let Some(p) = arg.or_else(|| std::env::var("RLFT_DEFAULT_MODEL").ok()) {
@@ -46,32 +45,6 @@ fn model_path(arg: Option<String>) -> PathBuf {
         .expect("run scripts/fetch-default-model.sh");
     assert!(out.status.success(), "fetching the default model failed");
     PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
-}
-
-fn status_kib(key: &str) -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    s.lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// CPU seconds (user + system, all threads) this process has used: `/proc/self/stat` fields 14
-/// and 15, in clock ticks of 1/100 s (Linux on x86).
-fn cpu_seconds() -> f64 {
-    let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = s.rsplit(')').next().unwrap_or("");
-    let f: Vec<u64> = after
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    // `after` starts at field 3 (state), so fields 14/15 are at indices 11/12.
-    (f.get(11).unwrap_or(&0) + f.get(12).unwrap_or(&0)) as f64 / 100.0
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -101,13 +74,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut model = load_model(&path, &LoadOptions::default())?.model;
     let vars = match &lora {
         Some(targets) => {
-            let cfg = LoraConfig {
-                r: rank,
-                lora_alpha: 2.0 * rank as f64,
-                target_modules: targets.split(',').map(String::from).collect(),
-                ..LoraConfig::default()
-            };
-            attach_lora(&mut model, &cfg)?
+            let targets = targets.split(',').map(String::from).collect();
+            attach_lora(&mut model, &bench_lora_config(rank, targets))?
         }
         None => make_trainable(&mut model, |n| {
             filter.is_empty() || filter.iter().any(|f| n.contains(f.as_str()))
@@ -120,28 +88,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         t0.elapsed().as_secs_f64(),
         vars.len()
     );
+    let batch = BenchBatch::new(model.config.vocab_size, &dev)?;
 
-    // Random ids from a fixed LCG (bench.py uses torch.randint; any fixed ids do).
-    let vocab = model.config.vocab_size as u64;
-    let mut s = 0x2545_F491_4F6C_DD1Du64;
-    let ids: Vec<u32> = (0..BATCH * SEQ)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 33) % vocab) as u32
-        })
-        .collect();
-    let ids = Tensor::from_vec(ids, (BATCH, SEQ), &dev)?;
-    let inputs: Vec<Vec<u32>> = ids.narrow(1, 0, SEQ - 1)?.to_vec2()?;
-    let batch = Batch::left_padded(&inputs, &[0; BATCH], 0, 0, &dev)?;
-    // Targets: tokens PROMPT..SEQ-1, predicted from the last SEQ-PROMPT input positions.
-    let targets = ids.narrow(1, PROMPT, SEQ - PROMPT)?.contiguous()?;
-    let mask = Tensor::ones((BATCH, SEQ - PROMPT), candle_core::DType::F32, &dev)?;
-
-    let rss_after_load = status_kib("VmRSS");
+    let rss_after_load = process::rss_mib().unwrap_or(0.0);
     // Reset VmHWM to the current RSS (as bench.py does), so the peak covers the benchmark only.
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
+    process::reset_peak_rss();
     // Per mode (frozen ops on / off): forward, backward, total wall seconds, backward CPU seconds.
     let mut times: [Vec<[f64; 4]>; 2] = [Vec::new(), Vec::new()];
     let var_ids: std::collections::HashSet<_> =
@@ -156,15 +107,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (i, &frozen) in modes.iter().enumerate() {
         rlft_model::ops::set_frozen_ops(frozen);
         let warm_up = i < if ab { 2 } else { 1 };
-        let t0 = Instant::now();
-        let lp = sequence_logprobs(&model, &batch, &targets, true)?;
-        let loss = masked_mean_nll(&lp, &mask)?;
-        let loss_v = loss.to_scalar::<f32>()?;
-        let t1 = Instant::now();
-        let c1 = cpu_seconds();
-        let grads = loss.backward()?;
-        let t2 = Instant::now();
-        let bwd_cpu = cpu_seconds() - c1;
+        let (t, grads) = fwd_bwd(&model, &batch)?;
         if warm_up {
             let (mut extra_n, mut extra_bytes, mut var_bytes) = (0usize, 0usize, 0usize);
             let mut shapes = std::collections::BTreeMap::<Vec<usize>, (usize, usize)>::new();
@@ -190,23 +133,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 );
             }
             println!(
-                "warm-up (frozen ops {}): loss {loss_v:.4}; raw gradient store: {} MiB for \
+                "warm-up (frozen ops {}): loss {:.4}; raw gradient store: {} MiB for \
                  trainable weights, {extra_n} other entries holding {} MiB",
                 if frozen { "on" } else { "off" },
+                t.loss,
                 var_bytes >> 20,
                 extra_bytes >> 20
             );
         } else {
-            let (f, b) = ((t1 - t0).as_secs_f64(), (t2 - t1).as_secs_f64());
-            times[frozen as usize].push([f, b, f + b, bwd_cpu]);
+            times[frozen as usize].push([t.forward_s, t.backward_s, t.total_s(), t.backward_cpu_s]);
             println!(
                 "rep {i} (frozen ops {}): forward {:.0} ms, backward {:.0} ms ({:.1} CPU s), \
                  total {:.0} ms",
                 if frozen { "on" } else { "off" },
-                f * 1e3,
-                b * 1e3,
-                bwd_cpu,
-                (f + b) * 1e3
+                t.forward_s * 1e3,
+                t.backward_s * 1e3,
+                t.backward_cpu_s,
+                t.total_s() * 1e3
             );
         }
         drop(grads);
@@ -215,7 +158,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         if t.is_empty() {
             continue;
         }
-        let col = |j: usize| median(t.iter().map(|r| r[j]).collect());
+        let col = |j: usize| median(&t.iter().map(|r| r[j]).collect::<Vec<_>>());
         println!(
             "frozen ops {}: fwd+bwd median {:.0} ms (forward {:.0} ms, backward {:.0} ms, \
              backward CPU {:.1} s) over {} reps; {:.0} tokens/s",
@@ -225,14 +168,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             col(1) * 1e3,
             col(3),
             t.len(),
-            (BATCH * SEQ) as f64 / col(2)
+            batch.tokens() as f64 / col(2)
         );
     }
-    let peak = status_kib("VmHWM");
     println!(
-        "RSS after load {} MiB; peak RSS during the benchmark (VmHWM) {} MiB",
-        rss_after_load >> 10,
-        peak >> 10
+        "RSS after load {rss_after_load:.0} MiB; peak RSS during the benchmark (VmHWM) {:.0} MiB",
+        process::peak_rss_mib().unwrap_or(0.0)
     );
     Ok(())
 }

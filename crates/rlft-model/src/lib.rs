@@ -17,12 +17,14 @@
 //! - [`lora`]: LoRA adapters on the linear layers (PEFT semantics), merge, adapters on/off;
 //!   [`peft`] reads and writes them as PEFT adapter directories.
 //! - [`tiny`]: deterministic tiny random models for tests.
+//! - [`bench`]: the standard forward+backward and reference-pass benchmark work, and process
+//!   measurements (peak RSS, interference), shared by `rlft bench` and the examples.
 
 pub mod alloc;
+pub mod bench;
 pub mod config;
 pub mod decode_fast;
 pub mod decoder;
-pub mod runtime;
 pub mod error;
 pub mod export;
 pub mod fused;
@@ -35,6 +37,7 @@ pub mod load;
 pub mod lora;
 pub mod ops;
 pub mod peft;
+pub mod runtime;
 pub mod safetensors_io;
 pub mod sampling;
 pub mod shared_prefix;

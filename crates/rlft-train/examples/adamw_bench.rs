@@ -11,63 +11,26 @@
 //! Same case as `../shared/bench/trl_cpu/bench.py` (adamw): lr 1e-6, weight decay 0, gradients
 //! fixed, one untimed warm-up step (it first touches the zeroed moments), then the median and
 //! minimum of `--reps` timed steps. PyTorch's fused AdamW on the same shapes, for a side-by-side
-//! ratio: `scripts/reference/adamw_bench.py`.
+//! ratio: `scripts/reference/adamw_bench.py`. The setup is [`rlft_train::bench`]'s; `rlft bench
+//! adamw` times the same fused step on the default model's own parameters, beside bench.py.
 
-use std::time::Instant;
-
-use candle_core::backprop::GradStore;
-use candle_core::{Device, Tensor, Var};
+use candle_core::Device;
 use candle_nn::Optimizer;
+use rlft_train::bench::{bench_config, smollm2_shapes, synthetic_grads, synthetic_vars, time_reps};
 use rlft_train::{
-    clip_grad_norm, global_grad_norm, AdamW, AdamWConfig, AdamWKernel, GradAccumulator, ParamGroup,
+    clip_grad_norm, global_grad_norm, AdamW, AdamWKernel, GradAccumulator, ParamGroup,
 };
 
-/// SmolLM2-135M: hidden 576, 30 layers, 9 q heads / 3 kv heads of 64, MLP 1536, vocab 49152.
-fn shapes() -> Vec<Vec<usize>> {
-    let (h, kv, mlp) = (576, 192, 1536);
-    let mut s = vec![vec![49152, h]];
-    for _ in 0..30 {
-        s.extend([
-            vec![h, h],
-            vec![kv, h],
-            vec![kv, h],
-            vec![h, h],
-            vec![mlp, h],
-            vec![mlp, h],
-            vec![h, mlp],
-            vec![h],
-            vec![h],
-        ]);
-    }
-    s.push(vec![h]);
-    s
-}
-
-/// Deterministic values in [-scale, scale) (a cheap hash, not a formula LLVM could fold).
-fn fill(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    (0..n as u64)
-        .map(|i| {
-            let x = (i ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            ((x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
-
-fn median_min(mut t: Vec<f64>) -> (f64, f64) {
-    t.sort_by(f64::total_cmp);
-    (t[t.len() / 2], t[0])
-}
-
+/// Median and minimum in ms of one untimed warm-up step (first touch of the moments) and `reps`
+/// timed ones.
 fn time_steps(reps: usize, mut step: impl FnMut()) -> (f64, f64) {
-    step(); // warm-up: first touch of the moments
-    let times = (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            step();
-            t.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    median_min(times)
+    let mut t = time_reps(1, reps, || {
+        step();
+        Ok::<(), std::convert::Infallible>(())
+    })
+    .unwrap_or_else(|e| match e {});
+    t.sort_by(f64::total_cmp);
+    (t[t.len() / 2] * 1e3, t[0] * 1e3)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -83,22 +46,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let skip_candle_nn = fused_only || args.iter().any(|a| a == "--skip-candle-nn");
 
     let dev = Device::Cpu;
-    let shapes = shapes();
-    let mut vars = Vec::new();
-    let mut grads = GradStore::default();
-    for (i, s) in shapes.iter().enumerate() {
-        let n = s.iter().product();
-        let v = Var::from_tensor(&Tensor::from_vec(
-            fill(n, i as u64, 0.05),
-            s.as_slice(),
-            &dev,
-        )?)?;
-        grads.insert(
-            v.as_tensor(),
-            Tensor::from_vec(fill(n, 1000 + i as u64, 1e-3), s.as_slice(), &dev)?,
-        );
-        vars.push(v);
-    }
+    let vars = synthetic_vars(&smollm2_shapes(), &dev)?;
+    let mut grads = synthetic_grads(&vars)?;
     let n_params: usize = vars.iter().map(|v| v.elem_count()).sum();
     println!(
         "AdamW step, {:.1}M f32 params in {} tensors, {} rayon threads, median [min] of {reps} steps",
@@ -106,11 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         vars.len(),
         rayon::current_num_threads()
     );
-    let cfg = AdamWConfig {
-        lr: 1e-6,
-        weight_decay: 0.0,
-        ..Default::default()
-    };
+    let cfg = bench_config();
     // Bytes the fused kernel must move: read p, g, m, v; write p, m, v.
     let gbytes = n_params as f64 * 28.0 / 1e9;
     for kernel in [AdamWKernel::Reference, AdamWKernel::Fused] {

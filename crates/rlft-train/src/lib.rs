@@ -13,6 +13,7 @@
 //!   values (`lr_at(step, total_steps)`), deserialisable from their names.
 //! - [`accumulate`]: [`GradAccumulator`], gradient accumulation over micro-batches (mean or
 //!   token-weighted).
+//! - [`bench`]: the AdamW benchmark of `rlft bench adamw` and `examples/adamw_bench.rs`.
 //!
 //! One optimizer step, in order:
 //!
@@ -24,6 +25,7 @@
 
 pub mod accumulate;
 pub mod adamw;
+pub mod bench;
 pub mod clip;
 mod cpu;
 pub mod error;

@@ -9,15 +9,18 @@
 //! changes scores, not the work of a step.
 
 use std::path::Path;
+use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use candle_core::Device;
 use rlft::config::grpo::GrpoConfig;
 use rlft::sft::RunOptions;
 use rlft_data::pyrandom::PyRandom;
+use rlft_model::bench::median;
 use serde_json::{json, Value};
 
-use crate::common::{peak_rss_mib, reset_peak_rss};
+use super::cases::Meter;
+use super::Case;
 
 /// Python's value of `a op b` for + - * on small ints.
 fn apply(a: i64, op: char, b: i64) -> i64 {
@@ -67,19 +70,6 @@ pub fn reference_prompts(n: usize, seed: u64) -> Vec<Value> {
     rows
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 const PHASES: [&str; 6] = [
     "generate",
     "reward",
@@ -89,8 +79,11 @@ const PHASES: [&str; 6] = [
     "update",
 ];
 
-/// Runs `steps` GRPO steps (the first is a warm-up, excluded from the medians).
+/// Runs `steps` GRPO steps (the first is a warm-up, excluded from the times) and returns the
+/// case's result JSON (see [`super::cases`]); `detail` holds every step's seconds and the
+/// per-phase medians.
 pub fn bench_grpo(model: &Path, steps: usize) -> Result<Value> {
+    let t0 = Instant::now();
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("prompts.jsonl");
     let text: String = reference_prompts(64, 0)
@@ -131,9 +124,9 @@ answer_field = "answer"
     );
     let cfg = GrpoConfig::from_table(toml_text.parse()?, "bench grpo")?;
     let mut p = rlft::grpo::prepare(&cfg, model, &Device::Cpu)?;
-    let rss_reset = reset_peak_rss();
+    let load_s = t0.elapsed().as_secs_f64();
+    let meter = Meter::start();
     let s = rlft::grpo::train(&cfg, &mut p, &RunOptions::default())?;
-    let peak = peak_rss_mib();
     let get = |m: &[(String, f64)], k: &str| {
         m.iter()
             .find(|(n, _)| n == k)
@@ -152,48 +145,15 @@ answer_field = "answer"
             .iter()
             .map(|m| get(m, &format!("time/{ph}")))
             .collect();
-        phases.insert(ph.into(), json!(median(v)));
+        phases.insert(ph.into(), json!(median(&v)));
     }
-    Ok(json!({
+    let reward: Vec<f64> = timed.iter().map(|m| get(m, "reward")).collect();
+    let detail = json!({
         "step_s": step_s,
-        "step_s_median_excl_first": median(step_s[1.min(step_s.len())..].to_vec()),
         "phase_s_median": phases,
-        "peak_rss_mib": peak,
-        "peak_rss_is_process_peak": !rss_reset,
-        "reward_mean": median(timed.iter().map(|m| get(m, "reward")).collect()),
-    }))
-}
-
-/// Runs the reference grpo.py for `steps` steps and returns its result JSON.
-pub fn run_reference(python: &Path, dir: &Path, model_dir: &Path, steps: usize) -> Result<Value> {
-    let script = dir.join("grpo.py");
-    if !python.exists() || !script.exists() {
-        bail!(
-            "reference not found ({} / {}); build it with `bash {}/setup.sh`",
-            python.display(),
-            script.display(),
-            dir.display()
-        );
-    }
-    let tmp = tempfile::tempdir()?;
-    let out = tmp.path().join("grpo.json");
-    let status = std::process::Command::new(python)
-        .arg(&script)
-        .arg("--max-steps")
-        .arg(steps.to_string())
-        .arg("--model")
-        .arg(model_dir)
-        .arg("--out")
-        .arg(&out)
-        .env("OMP_NUM_THREADS", "2")
-        .env("TOKENIZERS_PARALLELISM", "false")
-        .stdout(std::process::Stdio::null())
-        .status()
-        .context("run the reference grpo.py")?;
-    if !status.success() {
-        bail!("reference grpo.py failed ({status})");
-    }
-    Ok(serde_json::from_str(&std::fs::read_to_string(&out)?)?)
+        "reward_median": median(&reward),
+    });
+    Ok(meter.finish(Case::Grpo, &step_s[1.min(step_s.len())..], load_s, detail))
 }
 
 #[cfg(test)]

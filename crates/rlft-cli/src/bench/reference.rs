@@ -1,0 +1,236 @@
+//! The reference side of `rlft bench --against-reference`: PyTorch + transformers + TRL from
+//! `../shared/bench/trl_cpu/` (`bench.py --run-case CASE` prints `RESULT_JSON {...}`; `grpo.py`
+//! writes its result to `--out`), and the mapping of each case's figures onto rlft's.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+use rlft_model::bench::process::CpuSnapshot;
+use serde_json::{json, Map, Value};
+
+use super::report::RefOutcome;
+use super::{expand_home, result_line, BenchArgs, Case};
+
+/// The located reference: its Python, scripts and model.
+pub struct Reference {
+    python: PathBuf,
+    dir: PathBuf,
+    model: PathBuf,
+}
+
+impl Reference {
+    /// Finds the venv's Python and the scripts; the error says what is missing and how to build
+    /// it.
+    pub fn locate(a: &BenchArgs) -> std::result::Result<Self, String> {
+        let r = Reference {
+            python: expand_home(&a.reference_python),
+            dir: a.reference_dir.clone(),
+            model: expand_home(&a.reference_model),
+        };
+        let missing: Vec<String> = [&r.python, &r.dir.join("bench.py"), &r.model]
+            .iter()
+            .filter(|p| !p.exists())
+            .map(|p| p.display().to_string())
+            .collect();
+        if missing.is_empty() {
+            Ok(r)
+        } else {
+            Err(format!(
+                "the reference is not built ({} missing); build it with `bash {}/setup.sh` \
+                 (a Python venv with torch, transformers, trl and peft, ~6 GB)",
+                missing.join(", "),
+                r.dir.display()
+            ))
+        }
+    }
+
+    /// Where the reference lives, for the JSON.
+    pub fn describe(&self) -> Value {
+        json!({"python": self.python, "dir": self.dir, "model": self.model})
+    }
+
+    /// Runs the reference's `case` (nothing for `ref_pass`, whose figure comes from the fwd_bwd
+    /// case's `forward_no_grad` when fwd_bwd ran earlier in this sitting, `done`): its summary,
+    /// or a note why there is none.
+    pub fn run_case(&self, case: Case, a: &BenchArgs, done: &Map<String, Value>) -> RefOutcome {
+        let none = |note: Option<String>, failed| RefOutcome {
+            summary: None,
+            note,
+            failed,
+        };
+        let raw = match case {
+            Case::All => return none(None, false),
+            Case::RefPass => {
+                let fwd = done.get("fwd_bwd").and_then(|e| e.get("reference"));
+                return match fwd.and_then(|r| r["raw"].get("forward_no_grad")) {
+                    Some(fng) => RefOutcome {
+                        summary: Some(json!({
+                            "source": "bench.py fwd_bwd: forward_no_grad (same batch, no grad, \
+                                       logits at all 128 positions; no peak RSS of its own)",
+                            "median_ms": fng["median_ms"], "min_ms": fng["min_ms"],
+                            "max_ms": fng["max_ms"], "reps_ms": fng["reps_ms"],
+                            "peak_rss_mib": null,
+                            "other_procs_cpu_pct": fwd.map(|r| r["other_procs_cpu_pct"].clone()),
+                            "steal_pct": fwd.map(|r| r["steal_pct"].clone()),
+                        })),
+                        note: None,
+                        failed: false,
+                    },
+                    None => none(
+                        Some(
+                            "bench.py has no case of its own for this; its figure (fwd_bwd's \
+                             forward_no_grad) comes with fwd_bwd run earlier in the same sitting"
+                                .into(),
+                        ),
+                        false,
+                    ),
+                };
+            }
+            _ => {
+                eprintln!("== {}: reference", case.name());
+                if case == Case::Grpo {
+                    self.run_grpo_py(a.reps + 1)
+                } else {
+                    self.run_bench_py(case, a.reps, a.warmup)
+                }
+            }
+        };
+        match raw.and_then(|r| summarize(case, a, r)) {
+            Ok(v) => RefOutcome {
+                summary: Some(v),
+                note: None,
+                failed: false,
+            },
+            Err(e) => none(Some(format!("reference failed: {e:#}")), true),
+        }
+    }
+
+    fn command(&self, script: &str) -> Command {
+        let mut c = Command::new(&self.python);
+        c.arg(self.dir.join(script))
+            .env("OMP_NUM_THREADS", "2")
+            .env("TOKENIZERS_PARALLELISM", "false")
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn run_bench_py(&self, case: Case, reps: usize, warmup: usize) -> Result<Value> {
+        let out = self
+            .command("bench.py")
+            .args(["--run-case", case.name(), "--model"])
+            .arg(&self.model)
+            .args(["--reps", &reps.to_string(), "--warmup", &warmup.to_string()])
+            .output()
+            .context("run the reference bench.py")?;
+        if !out.status.success() {
+            bail!("bench.py failed ({}): {}", out.status, tail(&out.stderr));
+        }
+        result_line(&String::from_utf8_lossy(&out.stdout))
+            .with_context(|| format!("no RESULT_JSON from bench.py: {}", tail(&out.stderr)))
+    }
+
+    fn run_grpo_py(&self, steps: usize) -> Result<Value> {
+        let cpu = CpuSnapshot::now();
+        let tmp = tempfile::tempdir()?;
+        let out_file = tmp.path().join("grpo.json");
+        let out = self
+            .command("grpo.py")
+            .arg("--max-steps")
+            .arg(steps.to_string())
+            .arg("--model")
+            .arg(&self.model)
+            .arg("--out")
+            .arg(&out_file)
+            .stdout(Stdio::null())
+            .output()
+            .context("run the reference grpo.py")?;
+        if !out.status.success() {
+            bail!("grpo.py failed ({}): {}", out.status, tail(&out.stderr));
+        }
+        let text = std::fs::read_to_string(&out_file)
+            .with_context(|| format!("read {}", out_file.display()))?;
+        let mut raw: Value = serde_json::from_str(&text)?;
+        // grpo.py measures no interference: take it from outside, over its whole run.
+        let i = cpu.interference_since();
+        raw["other_procs_cpu_pct"] = json!(i.other_procs_cpu_pct);
+        raw["steal_pct"] = json!(i.steal_pct);
+        Ok(raw)
+    }
+}
+
+/// The last lines of a process's stderr.
+fn tail(stderr: &[u8]) -> String {
+    let s = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+/// The reference's figures for `case` in rlft's terms: `median_ms`, `min_ms`, `max_ms`,
+/// `reps_ms` of the same unit of work, `peak_rss_mib`, `other_procs_cpu_pct`, where they came
+/// from (`source`), and the raw result (`raw`).
+fn summarize(case: Case, a: &BenchArgs, raw: Value) -> Result<Value> {
+    let pick = |key: &str| -> Result<Value> {
+        let v = raw.pointer(key).cloned().unwrap_or(Value::Null);
+        if !v["median_ms"].is_number() {
+            bail!("no `{key}` timing in the reference's result (got {v})");
+        }
+        Ok(v)
+    };
+    let (t, source, peak) = match case {
+        Case::Generate => {
+            let key = format!("/batch_{}/generate", a.batch);
+            (
+                pick(&key)?,
+                format!("bench.py generate: {key}"),
+                "peak_rss_bench_mib",
+            )
+        }
+        Case::FwdBwd | Case::Lora => (
+            pick("/fwd_bwd")?,
+            format!("bench.py {}: fwd_bwd", case.name()),
+            "peak_rss_bench_mib",
+        ),
+        Case::Adamw => (
+            pick("/step_fused")?,
+            "bench.py adamw: step_fused (its peak RSS also covers a backward and whole train \
+             steps)"
+                .into(),
+            "peak_rss_bench_mib",
+        ),
+        Case::Grpo => {
+            let steps: Vec<f64> = raw["step_s"]
+                .as_array()
+                .map(|s| s.iter().filter_map(Value::as_f64).skip(1).collect())
+                .unwrap_or_default();
+            if steps.is_empty() {
+                bail!("grpo.py reported no step after the first");
+            }
+            (
+                super::report::stats_ms(&steps),
+                "grpo.py: step_s after the first (peak RSS is the whole process's, loading \
+                 included; CPU interference measured from outside, over the whole run)"
+                    .into(),
+                "peak_rss_process_mib",
+            )
+        }
+        Case::All | Case::RefPass => bail!("no reference case for {}", case.name()),
+    };
+    let mut v = json!({
+        "source": source,
+        "median_ms": t["median_ms"], "min_ms": t["min_ms"], "max_ms": t["max_ms"],
+        "reps_ms": t["reps_ms"],
+        "peak_rss_mib": raw[peak],
+        "other_procs_cpu_pct": raw["other_procs_cpu_pct"],
+        "steal_pct": raw["steal_pct"],
+    });
+    if case == Case::Generate {
+        v["new_tokens_per_s_median"] =
+            raw[format!("batch_{}", a.batch)]["new_tokens_per_s_median"].clone();
+    }
+    if case == Case::Grpo {
+        v["phase_s_median"] = raw["step_phase_s_median"].clone();
+    }
+    v["raw"] = raw;
+    Ok(v)
+}
