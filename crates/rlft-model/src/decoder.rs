@@ -534,6 +534,10 @@ impl CausalLm {
 
     /// [`Self::target_logprobs`] plus, when `entropy`, the entropy of each row's next-token
     /// distribution `[n]` (detached: a metric, no graph), from the same logits chunks.
+    ///
+    /// f32/f64 models on the CPU (with [`crate::fused`] on) take the fused head
+    /// ([`crate::fused::head::lm_head_logprobs`]), which blocks rows and vocabulary itself and
+    /// ignores `chunk`; its backward also gives the head's gradient when the head is trainable.
     pub fn target_logprobs_entropy(
         &self,
         hidden: &Tensor,
@@ -541,6 +545,15 @@ impl CausalLm {
         chunk: usize,
         entropy: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
+        let w = self.lm_head_weight();
+        if crate::fused::enabled_for(hidden)
+            && w.dtype() == hidden.dtype()
+            && matches!(w.device(), Device::Cpu)
+        {
+            return Ok(crate::fused::head::lm_head_logprobs(
+                hidden, w, targets, entropy,
+            )?);
+        }
         let n = hidden.dim(0)?;
         let chunk = chunk.max(1);
         let mut parts = Vec::with_capacity(n.div_ceil(chunk));

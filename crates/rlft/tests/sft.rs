@@ -117,10 +117,12 @@ fn batch_times_accumulation_is_invariant() {
     for (x, y) in sa.train_losses.iter().zip(&sb.train_losses) {
         assert!((x - y).abs() < 1e-5, "{x} vs {y}");
     }
-    // Weights agree to a small fraction of one step's size. Not tighter: the k_proj bias has a
-    // mathematically zero gradient (softmax ignores a per-query constant), so its gradient is
-    // rounding noise, which Adam normalises into updates of up to ~lr * g / (|g| + eps).
-    let tol = 0.05 * cfg_a.learning_rate as f32;
+    // Weights agree to 1e-5, except the k_proj bias: its gradient is mathematically zero
+    // (softmax ignores a per-query constant), so what it gets is rounding noise, and Adam
+    // normalises noise into updates of up to ~lr * g / (|g| + eps), of either sign. Any change
+    // in summation order (kernels, batch split) moves it, so the only sound bound is Adam's
+    // step bound: at most 2 * lr apart per step.
+    let tol = 2.0 * cfg_a.max_steps as f32 * cfg_a.learning_rate as f32;
     for ((n, x), (_, y)) in wa.iter().zip(&wb) {
         let d = x
             .iter()
