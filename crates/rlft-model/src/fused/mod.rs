@@ -73,11 +73,41 @@ pub trait Real:
     const NEG_INF: Self;
 }
 
+/// `e^x` for f32 without a libm call, so loops over it vectorise: `2^n * e^r` with
+/// `n = round(x / ln 2)` and a degree-6 polynomial (Cephes `expf`) for `e^r`, `|r| <= ln 2 / 2`.
+/// Relative error below 2e-7 (libm's is about 1e-7); `x < -87` (including `-inf`) gives exactly
+/// 0, NaN stays NaN, and `x` above 88 is clamped (softmax and sigmoid inputs never get there).
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer in plain SSE2.
+    const ROUND: f32 = 12_582_912.0;
+    let xc = x.clamp(-87.0, 88.0);
+    let n = (xc * LOG2E + ROUND) - ROUND;
+    let r = xc - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_1e-4_f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let y = p * r * r + r + 1.0;
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    if x < -87.0 {
+        0.0
+    } else {
+        y * scale
+    }
+}
+
 macro_rules! real {
-    ($t:ty) => {
+    ($t:ty, $exp:expr) => {
         impl Real for $t {
+            #[inline(always)]
             fn exp(self) -> Self {
-                <$t>::exp(self)
+                $exp(self)
             }
             fn ln(self) -> Self {
                 <$t>::ln(self)
@@ -92,8 +122,8 @@ macro_rules! real {
         }
     };
 }
-real!(f32);
-real!(f64);
+real!(f32, exp_f32);
+real!(f64, f64::exp);
 
 /// The contiguous elements of a CPU storage under `layout`; errors when the layout is strided.
 pub(crate) fn contiguous_slice<'a, T: Real>(
@@ -250,6 +280,26 @@ fn gemm_with<T: Real>(
             false,
             par,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn fast_exp_matches_libm() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let want = (x as f64).exp();
+            let got = super::exp_f32(x) as f64;
+            worst = worst.max(((got - want) / want).abs());
+            x += 0.0137;
+        }
+        assert!(worst < 2e-7, "worst relative error {worst}");
+        assert_eq!(super::exp_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(super::exp_f32(-100.0), 0.0);
+        assert_eq!(super::exp_f32(0.0), 1.0);
+        assert!(super::exp_f32(f32::NAN).is_nan());
     }
 }
 
