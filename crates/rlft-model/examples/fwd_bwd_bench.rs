@@ -3,13 +3,15 @@
 //! seed), loss = -mean log-prob of the 64 "completion" tokens (positions 64..127) of each row.
 //!
 //! `cargo run --release -p rlft-model --example fwd_bwd_bench [-- MODEL [NAME_SUBSTRING,...]
-//! [--trainable NAME_SUBSTRING,...] [--lora TARGETS] [--rank R] [--no-frozen-op] [--ab]
+//! [--trainable NAME_SUBSTRING,...] [--lora TARGETS] [--rank R] [--no-frozen-op] [--no-fused] [--ab]
 //! [--reps N]]`
 //!
 //! MODEL defaults to `RLFT_DEFAULT_MODEL` or the cached default model
 //! (`scripts/fetch-default-model.sh`). Name substrings (positional or `--trainable`) select the
 //! trainable weights (`q_proj,v_proj`); default all. `--lora q_proj,v_proj` (or `all-linear`)
 //! trains LoRA adapters of rank `--rank` (default 16, alpha = 2 * rank) instead, base frozen.
+//! `--no-fused` turns the fused training kernels ([`rlft_model::fused`]) off (candle's
+//! composites instead), to measure what they save.
 //! `--no-frozen-op` sends frozen weights, rotary tables and masks through candle's ops (which
 //! also compute their gradients), to measure what [`rlft_model::ops::frozen_linear`] and
 //! friends save; `--ab` alternates both modes rep by rep in one process. One untimed warm-up
@@ -58,6 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--lora" => lora = args.next(),
             "--rank" => rank = args.next().and_then(|r| r.parse().ok()).expect("--rank N"),
             "--no-frozen-op" => rlft_model::ops::set_frozen_ops(false),
+            "--no-fused" => rlft_model::fused::set_enabled(false),
             "--ab" => ab = true,
             "--reps" => reps = args.next().and_then(|r| r.parse().ok()).expect("--reps N"),
             _ => positional.push(a),
