@@ -8,6 +8,7 @@ mod generate_cmd;
 mod grpo_cmd;
 mod inspect_cmd;
 mod merge_cmd;
+mod plan_cmd;
 mod report_cmd;
 mod sft_cmd;
 
@@ -45,6 +46,9 @@ enum Command {
     Sft(sft_cmd::SftArgs),
     /// GRPO (and Dr. GRPO / DAPO / BNPO) from a TOML config: rollouts, rewards, metrics, resume.
     Grpo(grpo_cmd::GrpoArgs),
+    /// Predict a run's peak memory (RSS) from its GRPO/SFT config before it starts: weights,
+    /// optimizer, gradients, KV cache, activations; what to change when it does not fit.
+    Plan(plan_cmd::PlanArgs),
     /// Score a model on a config's eval prompts with its rewards (greedy or sampled pass@1).
     Eval(grpo_cmd::EvalArgs),
     /// Reward tools: `rlft reward test` scores completions from a JSONL file without a model.
@@ -79,6 +83,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Merge(a) => merge_cmd::run_merge(a),
         Command::Sft(a) => sft_cmd::run(a),
         Command::Grpo(a) => grpo_cmd::run(a),
+        Command::Plan(a) => plan_cmd::run(a),
         Command::Eval(a) => grpo_cmd::run_eval(a),
         Command::Reward(a) => grpo_cmd::run_reward(a),
         Command::Data(a) => data_cmd::run(a),

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::error::{GgufError, Result};
 use crate::metadata::Metadata;
-use crate::reader::parse_header;
+use crate::reader::{parse_header, parse_header_of};
 use crate::value::Value;
 use crate::GgmlType;
 
@@ -174,6 +174,58 @@ impl GgufFile {
             path: path.to_path_buf(),
             error: Box::new(error),
         })
+    }
+
+    /// Reads only the header of the file at `path`: metadata and tensor infos (every tensor's
+    /// range checked against the file length), without its tensor data. For what a model is
+    /// (config, tokenizer) without loading it, e.g. to plan memory. Reading a tensor whose data
+    /// lies past the part read fails with [`GgufError::TensorOutOfBounds`]; [`GgufFile::bytes`]
+    /// is that part only.
+    ///
+    /// Reads 1 MiB, then twice as much until the header fits (the vocabulary of a large
+    /// tokenizer takes a few MiB).
+    pub fn open_header(path: impl AsRef<Path>) -> Result<GgufFile> {
+        use std::io::Read;
+        let path = path.as_ref();
+        let in_file = |error| GgufError::InFile {
+            path: path.to_path_buf(),
+            error: Box::new(error),
+        };
+        let io = |error| GgufError::Io {
+            path: path.to_path_buf(),
+            error,
+        };
+        let mut file = std::fs::File::open(path).map_err(io)?;
+        let file_len = file.metadata().map_err(io)?.len();
+        let mut bytes = Vec::new();
+        let mut want: u64 = 1 << 20;
+        loop {
+            let target = want.min(file_len);
+            let have = bytes.len() as u64;
+            (&mut file)
+                .take(target - have)
+                .read_to_end(&mut bytes)
+                .map_err(io)?;
+            match parse_header_of(&bytes, file_len) {
+                Ok(header) => {
+                    return Ok(GgufFile {
+                        bytes,
+                        version: header.version,
+                        metadata: header.metadata,
+                        tensors: header.tensors,
+                        tensor_index: header.tensor_index,
+                        alignment: header.alignment,
+                        data_offset: header.data_offset,
+                    })
+                }
+                Err(GgufError::Truncated { .. } | GgufError::CountTooLarge { .. })
+                    if (bytes.len() as u64) < file_len && bytes.len() as u64 == target =>
+                {
+                    want = want.saturating_mul(2);
+                }
+                Err(e) => return Err(in_file(e)),
+            }
+        }
     }
 
     /// The GGUF version (2 or 3).

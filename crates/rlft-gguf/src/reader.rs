@@ -124,6 +124,13 @@ pub(crate) struct Header {
 
 /// Parses and validates the header of `bytes` (the whole file).
 pub(crate) fn parse_header(bytes: &[u8]) -> Result<Header> {
+    parse_header_of(bytes, bytes.len() as u64)
+}
+
+/// Parses and validates the header held at the start of `bytes`, a prefix of a file of
+/// `file_len` bytes: tensor data ranges are checked against `file_len`. A prefix too short for
+/// the header fails with [`GgufError::Truncated`] or [`GgufError::CountTooLarge`].
+pub(crate) fn parse_header_of(bytes: &[u8], file_len: u64) -> Result<Header> {
     if bytes.get(..4) != Some(b"GGUF".as_slice()) {
         return Err(GgufError::BadMagic {
             found: bytes.iter().take(4).copied().collect(),
@@ -221,7 +228,6 @@ pub(crate) fn parse_header(bytes: &[u8]) -> Result<Header> {
             .ok_or_else(|| GgufError::InvalidAlignment {
                 found: format!("{alignment} (data offset overflows)"),
             })?;
-    let file_len = bytes.len() as u64;
     for t in &mut tensors {
         t.locate(data_offset, alignment, file_len)?;
     }

@@ -80,6 +80,28 @@ pub fn load_model(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<LoadedMo
 }
 
 fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    let config = read_hf_config(dir)?;
+    let files = safetensors_io::checkpoint_files(dir)?;
+    let mut source_dtypes = std::collections::BTreeMap::new();
+    let weights = safetensors_io::load_tensors(&files, opts.dtype, &opts.device, |dt| {
+        *source_dtypes.entry(dt).or_insert(0usize) += 1
+    })?;
+    let model = CausalLm::from_weights(config, weights)?;
+    let text = load_tokenizer_dir(dir)?;
+    let mut generation = GenerationConfig::from_dir(dir)?.unwrap_or_default();
+    fill_generation_defaults(&mut generation, &model.config, &text);
+    Ok(LoadedModel {
+        model,
+        text,
+        generation,
+        source: dir.to_path_buf(),
+        kind: SourceKind::HfDir,
+        source_dtypes: source_dtypes.into_iter().collect(),
+    })
+}
+
+/// `dir/config.json` as a [`ModelConfig`]; errors name the file.
+fn read_hf_config(dir: &Path) -> Result<ModelConfig> {
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
@@ -97,29 +119,86 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
             format!("not valid JSON ({e}); fix or re-download it"),
         )
     })?;
-    let config = ModelConfig::from_hf_json(&json).map_err(|e| match e {
+    ModelConfig::from_hf_json(&json).map_err(|e| match e {
         ModelError::Config(m) => ModelError::bad_file(&cfg_path, m),
         ModelError::UnknownArchitecture(m) => {
             ModelError::UnknownArchitecture(format!("{m} in {}", cfg_path.display()))
         }
         other => other,
-    })?;
-    let files = safetensors_io::checkpoint_files(dir)?;
-    let mut source_dtypes = std::collections::BTreeMap::new();
-    let weights = safetensors_io::load_tensors(&files, opts.dtype, &opts.device, |dt| {
-        *source_dtypes.entry(dt).or_insert(0usize) += 1
-    })?;
-    let model = CausalLm::from_weights(config, weights)?;
-    let text = load_tokenizer_dir(dir)?;
-    let mut generation = GenerationConfig::from_dir(dir)?.unwrap_or_default();
-    fill_generation_defaults(&mut generation, &model.config, &text);
-    Ok(LoadedModel {
-        model,
+    })
+}
+
+/// What a model source is, read without its weights: `config.json` and the tokenizer files of
+/// an HF directory, or the header of a GGUF file (metadata and tensor infos, not the tensor
+/// data). For planning a run's memory before loading anything.
+#[derive(Debug, Clone)]
+pub struct ModelMetadata {
+    /// Shape and family.
+    pub config: ModelConfig,
+    /// Tokenizer, special tokens and chat template.
+    pub text: TextBundle,
+    /// Generation defaults (eos ids and sampling).
+    pub generation: GenerationConfig,
+    /// Where it came from.
+    pub source: PathBuf,
+    /// Directory or GGUF.
+    pub kind: SourceKind,
+    /// Bytes [`load_model`] holds at once while it reads the weights: the whole GGUF file, or
+    /// the largest safetensors file of a directory.
+    pub largest_file_bytes: u64,
+}
+
+/// Reads a model's config, tokenizer and generation defaults without loading its weights (see
+/// [`ModelMetadata`]). Errors are those [`load_model`] gives for the same source.
+pub fn load_metadata(path: impl AsRef<Path>) -> Result<ModelMetadata> {
+    let path = path.as_ref();
+    if !path.exists() {
+        return Err(ModelError::bad_file(
+            path,
+            "does not exist; pass an HF model directory, a .gguf file, or `default`",
+        ));
+    }
+    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    if path.is_dir() {
+        let config = read_hf_config(path)?;
+        let largest_file_bytes = safetensors_io::checkpoint_files(path)?
+            .iter()
+            .map(|f| size(f))
+            .max()
+            .unwrap_or(0);
+        let text = load_tokenizer_dir(path)?;
+        let mut generation = GenerationConfig::from_dir(path)?.unwrap_or_default();
+        fill_generation_defaults(&mut generation, &config, &text);
+        return Ok(ModelMetadata {
+            config,
+            text,
+            generation,
+            source: path.to_path_buf(),
+            kind: SourceKind::HfDir,
+            largest_file_bytes,
+        });
+    }
+    let mut g = GgufFile::open_header(path)?;
+    if g.tensor("rope_freqs.weight").is_some() {
+        // Llama-3 rope factors are a tensor in the data section: read the file after all.
+        g = GgufFile::open(path)?;
+    }
+    let config = gguf_load::config_from_gguf(&g, path)?;
+    let template = g
+        .metadata()
+        .get("tokenizer.chat_template")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let text = TextBundle::from_bpe_spec(&bpe_spec(&g, path)?, template)?;
+    let mut generation = gguf_load::generation_from_gguf(&config);
+    fill_generation_defaults(&mut generation, &config, &text);
+    Ok(ModelMetadata {
+        config,
         text,
         generation,
-        source: dir.to_path_buf(),
-        kind: SourceKind::HfDir,
-        source_dtypes: source_dtypes.into_iter().collect(),
+        source: path.to_path_buf(),
+        kind: SourceKind::Gguf,
+        largest_file_bytes: size(path),
     })
 }
 
@@ -206,4 +285,29 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         kind: SourceKind::Gguf,
         source_dtypes: source_dtypes.into_iter().collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Family;
+    use crate::tiny::{save_tiny_hf_dir, tiny_config};
+
+    #[test]
+    fn metadata_of_an_hf_dir_matches_the_loaded_model() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m");
+        save_tiny_hf_dir(tiny_config(Family::Qwen3), 3, &path).unwrap();
+        let meta = load_metadata(&path).unwrap();
+        let loaded = load_model(&path, &LoadOptions::default()).unwrap();
+        assert_eq!(meta.config, loaded.model.config);
+        assert_eq!(meta.generation, loaded.generation);
+        assert_eq!(meta.kind, SourceKind::HfDir);
+        let st = std::fs::metadata(path.join("model.safetensors")).unwrap();
+        assert_eq!(meta.largest_file_bytes, st.len());
+        let e = load_metadata(dir.path().join("nope"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not exist"), "{e}");
+    }
 }

@@ -379,6 +379,20 @@ fn gguf_of_every_arch_loads_like_the_hf_model() {
 
         let f32_model = load_model(&f32_path, &LoadOptions::default()).unwrap();
         let q8_model = load_model(&q8_path, &LoadOptions::default()).unwrap();
+        // The metadata-only path (header, no tensor data) reads the same config and tokenizer.
+        for (path, loaded) in [(&f32_path, &f32_model), (&q8_path, &q8_model)] {
+            let meta = rlft_model::load::load_metadata(path).unwrap();
+            assert_eq!(meta.config, loaded.model.config, "{name}: metadata config");
+            assert_eq!(meta.generation, loaded.generation, "{name}");
+            assert_eq!(
+                meta.text.encode(TEXT, false).unwrap(),
+                loaded.text.encode(TEXT, false).unwrap()
+            );
+            assert_eq!(
+                meta.largest_file_bytes,
+                std::fs::metadata(path).unwrap().len()
+            );
+        }
 
         // Config: identical to the HF one, except that llama's rope scaling arrives as
         // llama.cpp's per-frequency divisors, which must give the same frequencies.

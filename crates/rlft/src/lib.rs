@@ -8,9 +8,11 @@
 //!   completion / assistant tokens only, with a length policy that counts what it drops.
 //! - [`config`]: typed TOML configs (TRL names; unknown keys name the closest valid one).
 //! - [`sft`]: the SFT trainer.
+//! - [`plan`]: a run's peak memory, predicted from the config and the model's shape.
 
 pub mod config;
 pub mod grpo;
+pub mod plan;
 pub mod sft;
 pub mod sft_data;
 pub mod train_setup;

@@ -273,3 +273,46 @@ fn open_names_the_path() {
     assert_eq!(GgufFile::open(&good).unwrap().metadata().len(), 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn open_header_reads_metadata_without_tensor_data() {
+    let dir = std::env::temp_dir().join(format!("rlft-gguf-header-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A vocabulary of 3 MiB: the header needs more than the first 1 MiB read.
+    let vocab: Vec<String> = (0..150_000).map(|i| format!("token{i:014}")).collect();
+    let big: Vec<f32> = (0..(1 << 20)).map(|i| i as f32).collect();
+    let bytes = write_gguf(
+        3,
+        32,
+        &[
+            ("general.architecture", Value::String("llama".into())),
+            ("tokenizer.ggml.tokens", Value::Array(Array::String(vocab))),
+        ],
+        &[
+            f32_tensor("small", vec![4], &[1.0, 2.0, 3.0, 4.0]),
+            f32_tensor("big", vec![1 << 20], &big),
+        ],
+    );
+    let path = dir.join("m.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let full = GgufFile::open(&path).unwrap();
+    let head = GgufFile::open_header(&path).unwrap();
+    assert_eq!(head.metadata().len(), full.metadata().len());
+    assert_eq!(
+        head.get("tokenizer.ggml.tokens"),
+        full.get("tokenizer.ggml.tokens")
+    );
+    assert_eq!(head.tensors(), full.tensors());
+    assert_eq!(head.data_offset(), full.data_offset());
+    assert!(head.bytes().len() < bytes.len(), "read the whole file");
+    assert!(head.tensor_data("big").is_err());
+    // A file smaller than the first read is read whole and parsed as `open` does.
+    let small = dir.join("s.gguf");
+    std::fs::write(&small, write_gguf(3, 32, &[("k", Value::U8(1))], &[])).unwrap();
+    assert_eq!(GgufFile::open_header(&small).unwrap().metadata().len(), 1);
+    let corrupt = dir.join("corrupt.gguf");
+    std::fs::write(&corrupt, b"GGUF\x03\0\0\0").unwrap();
+    let e = GgufFile::open_header(&corrupt).unwrap_err().to_string();
+    assert!(e.contains("corrupt.gguf") && e.contains("truncated"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,483 @@
+//! `rlft plan [grpo|sft] --config X.toml`: the predicted peak memory (RSS) of a run, before it
+//! starts, by component and phase; whether it fits in this machine's available memory, and if
+//! not, the config changes that make it fit (`rlft::plan`).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use rlft::config::grpo::{GrpoConfig, ALIASES, GRPO_KEYS};
+use rlft::config::sft::{SftConfig, SFT_KEYS};
+use rlft::config::{apply_overrides, read_table};
+use rlft::plan::inputs::{GrpoLengths, LengthSource, SftLengths};
+use rlft::plan::{
+    count, estimate, grpo_lengths, run_shape_grpo, run_shape_sft, sft_lengths, suggest,
+    Environment, ModelDims, Plan, RunShape, Suggestion, Tuning, Workload,
+};
+use serde_json::json;
+
+use crate::default_model;
+
+/// Resident memory of this binary's runtime beyond what `rlft plan` itself holds after reading
+/// the tokenizer and the dataset: rayon's and candle's worker threads, the rewards, the
+/// trainer's bookkeeping (measured: `docs/memory.md`).
+const RUNTIME_BYTES: u64 = 24 << 20;
+
+/// Share of the available memory a plan may use before it counts as not fitting.
+const BUDGET_SHARE: f64 = 0.9;
+
+/// Which trainer a config is for.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trainer {
+    /// `rlft grpo` configs.
+    Grpo,
+    /// `rlft sft` configs.
+    Sft,
+}
+
+/// `rlft plan`.
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// The trainer the config is for; default: told apart by its keys (GRPO has
+    /// num_generations, rewards, max_completion_length...; SFT has max_length, eval_size...).
+    #[arg(value_enum)]
+    pub trainer: Option<Trainer>,
+    /// The run's TOML config.
+    #[arg(long, short = 'c')]
+    pub config: PathBuf,
+    /// Override a config key, as `rlft grpo` / `rlft sft` take it (repeatable).
+    #[arg(long = "set")]
+    pub set: Vec<String>,
+    /// Plan for the config's length limits (max_prompt_length, max_length) instead of the
+    /// dataset's longest prompt / example (the dataset is then not read).
+    #[arg(long)]
+    pub worst_case: bool,
+    /// Plan for this much memory (MiB) instead of /proc/meminfo's MemAvailable.
+    #[arg(long)]
+    pub available_mib: Option<u64>,
+    /// Print the plan as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Tells GRPO and SFT configs apart by the (top-level) keys only one of them has.
+fn detect(keys: &[&str]) -> Result<Trainer> {
+    let grpo_only = |k: &str| {
+        (GRPO_KEYS.contains(&k) && !SFT_KEYS.contains(&k))
+            || ALIASES.iter().any(|(a, _, _)| *a == k)
+            || matches!(k, "rollout_batch_size" | "train_batch_size")
+    };
+    let sft_only = |k: &str| SFT_KEYS.contains(&k) && !GRPO_KEYS.contains(&k);
+    let g: Vec<&str> = keys.iter().copied().filter(|k| grpo_only(k)).collect();
+    let s: Vec<&str> = keys.iter().copied().filter(|k| sft_only(k)).collect();
+    match (g.is_empty(), s.is_empty()) {
+        (false, true) => Ok(Trainer::Grpo),
+        (true, false) => Ok(Trainer::Sft),
+        (true, true) => bail!(
+            "cannot tell whether this is a GRPO or an SFT config (no key only one of them has); \
+             say which: `rlft plan grpo --config ...` or `rlft plan sft --config ...`"
+        ),
+        (false, false) => bail!(
+            "the config has GRPO keys ({}) and SFT keys ({}); say which trainer it is for: \
+             `rlft plan grpo --config ...` or `rlft plan sft --config ...`",
+            g.join(", "),
+            s.join(", ")
+        ),
+    }
+}
+
+fn proc_kib(file: &str, key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(file).ok()?;
+    s.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
+/// This process's resident bytes.
+fn own_rss() -> Option<u64> {
+    proc_kib("/proc/self/status", "VmRSS:").map(|k| k << 10)
+}
+
+/// The machine's available memory.
+fn mem_available() -> Option<u64> {
+    proc_kib("/proc/meminfo", "MemAvailable:").map(|k| k << 10)
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// Lengths of the config's run, from the dataset unless `worst_case` or it cannot be read.
+enum Lengths {
+    Grpo(GrpoLengths),
+    Sft(SftLengths),
+}
+
+/// The model's path and metadata (config, tokenizer), without its weights.
+fn model(name: &str) -> Result<(PathBuf, rlft_model::load::ModelMetadata)> {
+    let path = default_model::resolve(name)?;
+    let meta = rlft_model::load::load_metadata(&path)
+        .with_context(|| format!("read the model {}", path.display()))?;
+    Ok((path, meta))
+}
+
+/// Runs `rlft plan`.
+pub fn run(a: PlanArgs) -> Result<()> {
+    let mut table = read_table(&a.config)?;
+    apply_overrides(&mut table, &a.set)?;
+    let trainer = match a.trainer {
+        Some(t) => t,
+        None => detect(&table.keys().map(String::as_str).collect::<Vec<_>>())?,
+    };
+    let mut notes: Vec<String> = Vec::new();
+    let (run, lengths, model_path, meta) = match trainer {
+        Trainer::Grpo => {
+            let cfg = GrpoConfig::load(&a.config, &a.set)?;
+            let (model_path, meta) = model(&cfg.model)?;
+            let l = match grpo_lengths(&cfg, &meta.text, !a.worst_case) {
+                Ok(l) => l,
+                Err(e) => {
+                    notes.push(format!(
+                        "the dataset could not be read ({e}); planned for max_prompt_length"
+                    ));
+                    grpo_lengths(&cfg, &meta.text, false)?
+                }
+            };
+            (
+                run_shape_grpo(&cfg, &l)?,
+                Lengths::Grpo(l),
+                model_path,
+                meta,
+            )
+        }
+        Trainer::Sft => {
+            let cfg = SftConfig::load(&a.config, &a.set)?;
+            let (model_path, meta) = model(&cfg.model)?;
+            let l = match sft_lengths(&cfg, &meta.text, !a.worst_case) {
+                Ok(l) => l,
+                Err(e) => {
+                    notes.push(format!(
+                        "the dataset could not be read ({e}); planned for max_length"
+                    ));
+                    sft_lengths(&cfg, &meta.text, false)?
+                }
+            };
+            (run_shape_sft(&cfg, &l)?, Lengths::Sft(l), model_path, meta)
+        }
+    };
+    let dims = ModelDims::from_config(&meta.config);
+    // The baseline: what this process holds now (binary, tokenizer, dataset) plus the
+    // trainer's runtime.
+    let own = own_rss().unwrap_or(64 << 20);
+    let env = Environment {
+        baseline_bytes: own + RUNTIME_BYTES,
+        source_file_bytes: meta.largest_file_bytes,
+    };
+    let plan = estimate(&dims, &run, &env)?;
+    let available = match a.available_mib {
+        Some(m) => Some(m << 20),
+        None => mem_available(),
+    };
+    let budget = available.map(|b| (b as f64 * BUDGET_SHARE) as u64);
+    let fits = budget.map(|b| plan.total_bytes <= b);
+    let suggestions = match budget {
+        Some(b) if plan.total_bytes > b => suggest(&dims, &run, &env, b)?,
+        _ => Vec::new(),
+    };
+    if a.json {
+        let v = json!({
+            "config": a.config,
+            "trainer": match trainer { Trainer::Grpo => "grpo", Trainer::Sft => "sft" },
+            "model": {
+                "path": model_path,
+                "dims": dims,
+                "parameters": plan.parameters,
+            },
+            "lengths": match &lengths {
+                Lengths::Grpo(l) => serde_json::to_value(l)?,
+                Lengths::Sft(l) => serde_json::to_value(l)?,
+            },
+            "run": run,
+            "environment": env,
+            "plan": plan,
+            "total_bytes": plan.total_bytes,
+            "total_mib": mib(plan.total_bytes),
+            "available_bytes": available,
+            "budget_bytes": budget,
+            "fits": fits,
+            "suggestions": suggestions,
+            "notes": notes,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    print_text(
+        &a,
+        trainer,
+        &model_path,
+        &meta.config,
+        &dims,
+        &run,
+        &lengths,
+        &plan,
+        available,
+        &suggestions,
+        &notes,
+    );
+    Ok(())
+}
+
+fn tuning_text(run: &RunShape) -> String {
+    let dtype = if run.bf16 { "bf16" } else { "f32" };
+    match &run.tuning {
+        Tuning::Full => format!("full fine-tuning, {dtype}"),
+        Tuning::Lora(l) => format!(
+            "LoRA r={} on {} module{}, {dtype}",
+            l.r,
+            l.modules.len(),
+            if l.modules.len() == 1 { "" } else { "s" }
+        ),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn print_text(
+    a: &PlanArgs,
+    trainer: Trainer,
+    model_path: &std::path::Path,
+    config: &rlft_model::ModelConfig,
+    dims: &ModelDims,
+    run: &RunShape,
+    lengths: &Lengths,
+    plan: &Plan,
+    available: Option<u64>,
+    suggestions: &[Suggestion],
+    notes: &[String],
+) {
+    let name = match trainer {
+        Trainer::Grpo => "GRPO",
+        Trainer::Sft => "SFT",
+    };
+    println!(
+        "rlft plan: {} ({name}, {}, CPU)",
+        a.config.display(),
+        tuning_text(run)
+    );
+    println!(
+        "model: {}: {}, {} layers, hidden {}, {}/{} heads x {}, intermediate {}, vocab {}, {} \
+         parameters",
+        model_path.display(),
+        config.family.model_type(),
+        dims.layers,
+        dims.hidden,
+        dims.heads,
+        dims.kv_heads,
+        dims.head_dim,
+        dims.intermediate,
+        dims.vocab,
+        count(plan.parameters)
+    );
+    let src = |s: LengthSource| match s {
+        LengthSource::Dataset => "the dataset's longest",
+        LengthSource::Config => "the config's limit",
+    };
+    match (lengths, &run.workload) {
+        (Lengths::Grpo(l), Workload::Grpo(g)) => {
+            println!(
+                "shapes: prompts {} tokens ({}), completions <= {}; rollout {} prompts x {} = \
+                 {} completions; micro-batch {} x {} accumulation{}",
+                l.prompt_tokens,
+                src(l.source),
+                g.completion_tokens,
+                g.rollout_prompts,
+                g.num_generations,
+                g.rollout_completions,
+                run.micro_batch,
+                run.accumulation,
+                if g.share_prompts {
+                    format!(
+                        " (shared prompts: {} prompt pass{} per micro-batch)",
+                        run.prompts_per_micro_batch(),
+                        if run.prompts_per_micro_batch() == 1 {
+                            ""
+                        } else {
+                            "es"
+                        }
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
+        (Lengths::Sft(l), Workload::Sft(_)) => println!(
+            "shapes: examples {} tokens ({}); micro-batch {} x {} accumulation",
+            l.example_tokens,
+            src(l.source),
+            run.micro_batch,
+            run.accumulation
+        ),
+        _ => {}
+    }
+    for n in notes {
+        println!("note: {n}");
+    }
+    println!();
+    let phase_list = |c: &rlft::plan::Component| -> String {
+        if c.phases.len() >= 5 {
+            if c.phases.contains(&rlft::plan::Phase::Load) {
+                "all".into()
+            } else {
+                "all but load".into()
+            }
+        } else {
+            c.phases
+                .iter()
+                .map(|p| p.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    println!(
+        "{:<44} {:>8}  {:<22} detail",
+        "component", "MiB", "alive in"
+    );
+    for c in &plan.components {
+        println!(
+            "{:<44} {:>8.1}  {:<22} {}",
+            c.name,
+            mib(c.bytes),
+            phase_list(c),
+            c.detail
+        );
+        if c.key == "activations" {
+            let acts = &plan.activations;
+            let per_token: usize = acts.layer_tensors.iter().map(|t| t.bytes_per_token).sum();
+            println!(
+                "  {:<42} {:>8.1}  {:<22} {} layers x {:.1} KiB per token{}",
+                "layers",
+                mib(acts.layers.bytes),
+                "",
+                dims.layers,
+                per_token as f64 / 1024.0,
+                if acts.layer_tensors.iter().any(|t| t.bytes_per_score > 0) {
+                    " + attention scores"
+                } else {
+                    ""
+                }
+            );
+            for x in &acts.extra {
+                println!("  {:<42} {:>8.1}", x.name, mib(x.size.bytes));
+            }
+        }
+    }
+    println!();
+    let row = |f: &dyn Fn(&rlft::plan::PhaseTotal) -> u64, peak: bool| -> String {
+        plan.phases
+            .iter()
+            .map(|p| {
+                format!(
+                    "{} {:.0}{}",
+                    p.phase.name(),
+                    mib(f(p)),
+                    if peak && p.phase == plan.peak_phase {
+                        " (peak)"
+                    } else {
+                        ""
+                    }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    println!("alive by phase (MiB): {}", row(&|p| p.live_bytes, false));
+    println!("RSS by phase (MiB):   {}", row(&|p| p.rss_bytes, true));
+    println!(
+        "  (after loading, RSS stays at the heap's high-water mark, {:.0} MiB; buffers of 32 MiB \
+         or more are mapped fresh and come on top)",
+        mib(plan.heap_high_water_bytes)
+    );
+    println!(
+        "predicted peak RSS: {:.0} MiB ({}), in the {} phase",
+        mib(plan.total_bytes),
+        gib(plan.total_bytes),
+        plan.peak_phase.name()
+    );
+    let Some(avail) = available else {
+        println!("available memory: unknown (no /proc/meminfo); pass --available-mib");
+        return;
+    };
+    let budget = (avail as f64 * BUDGET_SHARE) as u64;
+    let share = plan.total_bytes as f64 / avail as f64 * 100.0;
+    let source = if a.available_mib.is_some() {
+        "--available-mib"
+    } else {
+        "MemAvailable"
+    };
+    if plan.total_bytes <= budget {
+        println!(
+            "available: {} ({source}): fits, {share:.0}% of it",
+            gib(avail)
+        );
+        return;
+    }
+    println!(
+        "available: {} ({source}): {} ({share:.0}% of it; the plan keeps {:.0}% as the limit)",
+        gib(avail),
+        if plan.total_bytes > avail {
+            "does NOT fit"
+        } else {
+            "too tight"
+        },
+        BUDGET_SHARE * 100.0
+    );
+    if suggestions.is_empty() {
+        println!(
+            "no single change tried fits in {}: use a smaller model or a machine with more \
+             memory",
+            gib(budget)
+        );
+        return;
+    }
+    println!("to fit in {}:", gib(budget));
+    for s in suggestions {
+        println!(
+            "  - {}: {}{}\n      {}",
+            s.change,
+            gib(s.total_bytes),
+            if s.changes_training {
+                " (changes what is trained)"
+            } else {
+                ""
+            },
+            s.sets
+                .iter()
+                .map(|x| format!("--set '{x}'"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_the_trainer_from_keys() {
+        assert_eq!(
+            detect(&["num_generations", "dataset"]).unwrap(),
+            Trainer::Grpo
+        );
+        assert_eq!(detect(&["rollout_batch_size"]).unwrap(), Trainer::Grpo);
+        assert_eq!(detect(&["max_length", "use_peft"]).unwrap(), Trainer::Sft);
+        let e = detect(&["dataset", "learning_rate"]).unwrap_err();
+        assert!(e.to_string().contains("rlft plan grpo"), "{e}");
+        let e = detect(&["max_length", "beta"]).unwrap_err();
+        assert!(e.to_string().contains("beta") && e.to_string().contains("max_length"));
+    }
+}

@@ -1,0 +1,216 @@
+//! `rlft plan` against a real run: the predicted peak RSS of a GRPO config on a random model is
+//! within 15% of the peak the run measures (`run_summary.json`'s `peak_rss_mib`, the trainer's
+//! VmHWM), and the JSON and text outputs hold together.
+//!
+//! The tiny test models (hidden 64) would leave the peak to the process baseline (tens of MiB
+//! of binary, tokenizer and threads), which says nothing about the arithmetic. This test uses a
+//! larger random model (23M parameters: hidden 512, 6 layers, vocabulary 8192) trained fully
+//! with a KL reference (weights, reference copy, AdamW state, gradients) on micro-batches of
+//! 8 x ~80 tokens, so the baseline is under 10% of the peak; it checks the total and the
+//! increase over the predicted baseline, both within 15%. Two steps (the peak needs AdamW's
+//! state touched by a first step), about ten seconds in release mode.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use rlft_model::config::Family;
+use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
+use serde_json::Value;
+
+fn rlft(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rlft"))
+        .args(args)
+        .output()
+        .expect("run rlft")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "rlft failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// A random Qwen2-shaped model of 23M parameters.
+fn model(dir: &Path) -> String {
+    let mut c = tiny_config(Family::Qwen2);
+    c.vocab_size = 8192;
+    c.hidden_size = 512;
+    c.intermediate_size = 1536;
+    c.num_hidden_layers = 6;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 4;
+    c.head_dim = 64;
+    let p = dir.join("model");
+    save_tiny_hf_dir(c, 3, &p).unwrap();
+    p.display().to_string()
+}
+
+fn config(dir: &Path) -> std::path::PathBuf {
+    let data = dir.join("prompts.jsonl");
+    let mut s = String::new();
+    for i in 0..8 {
+        let row = serde_json::json!({"prompt": format!("What is {i} + {}?", i * 3 % 7)});
+        s.push_str(&row.to_string());
+        s.push('\n');
+    }
+    std::fs::write(&data, s).unwrap();
+    let text = format!(
+        r#"
+model = "{}"
+output_dir = "{}"
+dataset = "{}"
+max_prompt_length = 64
+max_completion_length = 48
+num_generations = 4
+per_device_train_batch_size = 8
+gradient_accumulation_steps = 1
+learning_rate = 1e-5
+max_steps = 2
+beta = 0.04
+share_prompts = false
+report_to = ["jsonl"]
+seed = 1
+
+[[rewards]]
+type = "regex_format"
+pattern = "[a-z]"
+"#,
+        model(dir),
+        dir.join("out").display(),
+        data.display()
+    );
+    let cfg = dir.join("grpo.toml");
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
+#[test]
+fn predicted_peak_is_within_15_percent_of_a_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path());
+    let cfg_s = cfg.to_str().unwrap();
+    let plan: Value = serde_json::from_str(&ok(&rlft(&["plan", "--config", cfg_s, "--json"])))
+        .expect("plan JSON");
+    assert_eq!(plan["trainer"], "grpo");
+    let mib = |b: &Value| b.as_u64().unwrap() as f64 / (1u64 << 20) as f64;
+    let predicted = mib(&plan["total_bytes"]);
+    let components = plan["plan"]["components"].as_array().unwrap();
+    let bytes = |key: &str| {
+        components
+            .iter()
+            .find(|c| c["key"] == key)
+            .map(|c| mib(&c["bytes"]))
+            .unwrap_or_else(|| panic!("no component {key}"))
+    };
+    let baseline = bytes("baseline");
+    // Full fine-tuning with beta > 0: a reference copy as large as the weights.
+    assert_eq!(bytes("reference"), bytes("weights"));
+    assert!(bytes("activations") > 0.0);
+    assert_eq!(plan["lengths"]["source"], "dataset");
+    // The text output has the same total.
+    let text = ok(&rlft(&["plan", "--config", cfg_s]));
+    assert!(
+        text.contains(&format!("predicted peak RSS: {predicted:.0} MiB")),
+        "{text}"
+    );
+
+    ok(&rlft(&["grpo", "--config", cfg_s]));
+    let summary: Value = serde_json::from_str(
+        &std::fs::read_to_string(tmp.path().join("out/run_summary.json")).unwrap(),
+    )
+    .unwrap();
+    let measured = summary["peak_rss_mib"].as_f64().unwrap();
+    let err = (predicted - measured) / measured;
+    eprintln!(
+        "predicted {predicted:.0} MiB (baseline {baseline:.0}), measured {measured:.0} MiB: \
+         {:+.1}%",
+        err * 100.0
+    );
+    assert!(
+        baseline < 0.1 * measured,
+        "the baseline {baseline:.0} MiB is too large a share of {measured:.0} MiB for a \
+         meaningful check"
+    );
+    assert!(
+        err.abs() <= 0.15,
+        "predicted {predicted:.0} MiB, measured {measured:.0} MiB ({:+.1}%)\n{text}",
+        err * 100.0
+    );
+    let over = ((predicted - baseline) - (measured - baseline)) / (measured - baseline);
+    assert!(
+        over.abs() <= 0.15,
+        "increase over the baseline: predicted {:.0} MiB, measured {:.0} MiB ({:+.1}%)",
+        predicted - baseline,
+        measured - baseline,
+        over * 100.0
+    );
+}
+
+#[test]
+fn too_little_memory_gets_suggestions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path());
+    let cfg_s = cfg.to_str().unwrap();
+    let plan: Value =
+        serde_json::from_str(&ok(&rlft(&["plan", "--config", cfg_s, "--json"]))).unwrap();
+    // 90% of the predicted peak available: the plan's limit (90% of that) is 81% of the peak.
+    let avail = (plan["total_mib"].as_f64().unwrap() * 0.9) as u64;
+    let avail_s = avail.to_string();
+    let v: Value = serde_json::from_str(&ok(&rlft(&[
+        "plan",
+        "--config",
+        cfg_s,
+        "--json",
+        "--available-mib",
+        &avail_s,
+    ])))
+    .unwrap();
+    assert_eq!(v["fits"], false);
+    let s = v["suggestions"].as_array().unwrap();
+    assert!(!s.is_empty(), "{v}");
+    let budget = v["budget_bytes"].as_u64().unwrap();
+    for x in s {
+        assert!(x["total_bytes"].as_u64().unwrap() <= budget, "{x}");
+    }
+    // Each suggestion is a config the planner itself predicts to fit.
+    let first = &s[0];
+    let mut args = vec!["plan", "--config", cfg_s, "--json"];
+    let sets: Vec<String> = first["sets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap().to_string())
+        .collect();
+    for x in &sets {
+        args.push("--set");
+        args.push(x);
+    }
+    let again: Value = serde_json::from_str(&ok(&rlft(&args))).unwrap();
+    let total = again["total_bytes"].as_u64().unwrap() as f64;
+    let want = first["total_bytes"].as_u64().unwrap() as f64;
+    // The baseline is measured again in the second process: allow a few MiB.
+    assert!(
+        (total - want).abs() < 8.0 * (1 << 20) as f64,
+        "{total} vs {want}"
+    );
+    let text = ok(&rlft(&[
+        "plan",
+        "--config",
+        cfg_s,
+        "--available-mib",
+        &avail_s,
+    ]));
+    assert!(
+        text.contains("does NOT fit") && text.contains("--set"),
+        "{text}"
+    );
+    // Not a GRPO or SFT config: the error says how to name the trainer.
+    let odd = tmp.path().join("odd.toml");
+    std::fs::write(&odd, "dataset = \"x\"\n").unwrap();
+    let out = rlft(&["plan", "--config", odd.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("rlft plan grpo"));
+}

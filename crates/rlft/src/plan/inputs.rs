@@ -1,0 +1,249 @@
+//! From configs (and their datasets) to a [`RunShape`]: the lengths a run will see and the
+//! settings memory depends on.
+
+use rlft_data::{list_splits, load_dataset};
+use rlft_model::lora::resolve_targets;
+use rlft_text::TextBundle;
+use serde::Serialize;
+
+use super::{EvalPrompts, GrpoShape, LoraShape, PlanError, RunShape, SftShape, Tuning, Workload};
+use crate::config::grpo::GrpoConfig;
+use crate::config::sft::{LoraSettings, SftConfig};
+use crate::grpo::prompts::{build_prompts, PromptPolicy};
+use crate::sft_data::{build_example, fit_length, LengthPolicy, LengthReport, SftFormat};
+
+/// Prompts a GRPO eval generates at once (`rlft::grpo::trainer::eval_settings`).
+pub const EVAL_BATCH: usize = 16;
+
+/// Where the lengths of a plan come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LengthSource {
+    /// The dataset's longest prompt / example (after the length policy).
+    Dataset,
+    /// The config's limits (`max_prompt_length`, `max_length`): the worst case.
+    Config,
+}
+
+/// Prompt lengths of a GRPO run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct GrpoLengths {
+    /// Longest training prompt in tokens.
+    pub prompt_tokens: usize,
+    /// Eval prompts (all of them; a run generates 16 at a time); None without eval prompts.
+    pub eval: Option<EvalPrompts>,
+    /// Where they come from.
+    pub source: LengthSource,
+}
+
+/// Example lengths of an SFT run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SftLengths {
+    /// Longest example in tokens.
+    pub example_tokens: usize,
+    /// Eval examples exist (eval loss passes run).
+    pub eval: bool,
+    /// Where they come from.
+    pub source: LengthSource,
+}
+
+fn policy(cfg: &GrpoConfig) -> PromptPolicy {
+    if cfg.prompt_truncation == "truncate" {
+        PromptPolicy::Truncate
+    } else {
+        PromptPolicy::Drop
+    }
+}
+
+fn longest_prompt(
+    cfg: &GrpoConfig,
+    text: &TextBundle,
+    path: &std::path::Path,
+    split: Option<&str>,
+) -> Result<(usize, usize), PlanError> {
+    let ds = load_dataset(path, split)?;
+    let (items, _) = build_prompts(
+        &ds,
+        text,
+        &cfg.prompt_column,
+        cfg.system_prompt.as_deref(),
+        cfg.max_prompt_length,
+        policy(cfg),
+    )
+    .map_err(|e| PlanError::Data(e.to_string()))?;
+    let longest = items.iter().map(|i| i.ids.len()).max().unwrap_or(0);
+    Ok((items.len(), longest))
+}
+
+/// The prompt lengths of a GRPO config: with `read_data`, its datasets' longest prompts as the
+/// chat template renders them (the trainer's own code); else `max_prompt_length`. Eval prompts
+/// follow the trainer's rule (`eval_dataset`, else `eval_split`, else a `test` split).
+pub fn grpo_lengths(
+    cfg: &GrpoConfig,
+    text: &TextBundle,
+    read_data: bool,
+) -> Result<GrpoLengths, PlanError> {
+    let eval_source = match (&cfg.eval_dataset, &cfg.eval_split) {
+        (Some(p), split) => Some((p.clone(), split.clone())),
+        (None, Some(split)) => Some((cfg.dataset.clone(), Some(split.clone()))),
+        (None, None) => {
+            let splits = list_splits(&cfg.dataset).unwrap_or_default();
+            (splits.iter().any(|s| s == "test") && cfg.dataset_split != "test")
+                .then(|| (cfg.dataset.clone(), Some("test".to_string())))
+        }
+    };
+    let cap = |n: usize| {
+        if cfg.eval_max_prompts > 0 {
+            n.min(cfg.eval_max_prompts)
+        } else {
+            n
+        }
+    };
+    if !read_data {
+        return Ok(GrpoLengths {
+            prompt_tokens: cfg.max_prompt_length,
+            eval: eval_source.map(|_| EvalPrompts {
+                prompts: EVAL_BATCH,
+                prompt_tokens: cfg.max_prompt_length,
+            }),
+            source: LengthSource::Config,
+        });
+    }
+    let (_, prompt_tokens) =
+        longest_prompt(cfg, text, &cfg.dataset, Some(cfg.dataset_split.as_str()))?;
+    if prompt_tokens == 0 {
+        return Err(PlanError::Data(format!(
+            "{} has no usable prompt (all dropped for max_prompt_length {}?)",
+            cfg.dataset.display(),
+            cfg.max_prompt_length
+        )));
+    }
+    let eval = match eval_source {
+        Some((path, split)) => {
+            let (n, longest) = longest_prompt(cfg, text, &path, split.as_deref())?;
+            (cap(n) > 0).then_some(EvalPrompts {
+                prompts: cap(n),
+                prompt_tokens: longest,
+            })
+        }
+        None => None,
+    };
+    Ok(GrpoLengths {
+        prompt_tokens,
+        eval,
+        source: LengthSource::Dataset,
+    })
+}
+
+/// The example lengths of an SFT config: with `read_data`, the longest example after the
+/// length policy (the trainer's own formatting); else `max_length`.
+pub fn sft_lengths(
+    cfg: &SftConfig,
+    text: &TextBundle,
+    read_data: bool,
+) -> Result<SftLengths, PlanError> {
+    let eval = cfg.eval_dataset.is_some() || cfg.eval_split.is_some() || cfg.eval_size > 0.0;
+    if !read_data {
+        return Ok(SftLengths {
+            example_tokens: cfg.max_length,
+            eval,
+            source: LengthSource::Config,
+        });
+    }
+    let mut longest = 0;
+    let mut sources = vec![(cfg.dataset.clone(), Some(cfg.dataset_split.clone()))];
+    match (&cfg.eval_dataset, &cfg.eval_split) {
+        (Some(p), split) => sources.push((p.clone(), split.clone())),
+        (None, Some(split)) => sources.push((cfg.dataset.clone(), Some(split.clone()))),
+        (None, None) => {}
+    }
+    let template = text.compile_chat_template().ok();
+    let length_policy = if cfg.truncation == "drop" {
+        LengthPolicy::Drop
+    } else {
+        LengthPolicy::Truncate
+    };
+    for (path, split) in sources {
+        let ds = load_dataset(&path, split.as_deref())?;
+        let format = SftFormat::detect(&ds.columns).map_err(|e| PlanError::Data(e.to_string()))?;
+        let mut report = LengthReport::default();
+        for (i, row) in ds.iter().enumerate() {
+            let ex = build_example(
+                text,
+                template.as_ref(),
+                &format,
+                row,
+                i,
+                cfg.system_prompt.as_deref(),
+            )
+            .map_err(|e| PlanError::Data(e.to_string()))?;
+            if let Some(ex) = fit_length(ex, cfg.max_length, length_policy, &mut report) {
+                longest = longest.max(ex.input_ids.len());
+            }
+        }
+    }
+    if longest < 2 {
+        return Err(PlanError::Data(format!(
+            "{} has no usable example (all dropped for max_length {}?)",
+            cfg.dataset.display(),
+            cfg.max_length
+        )));
+    }
+    Ok(SftLengths {
+        example_tokens: longest,
+        eval,
+        source: LengthSource::Dataset,
+    })
+}
+
+fn tuning(use_peft: bool, lora: &LoraSettings) -> Result<Tuning, PlanError> {
+    if !use_peft {
+        return Ok(Tuning::Full);
+    }
+    let modules = resolve_targets(&lora.target_modules)?;
+    Ok(Tuning::Lora(LoraShape {
+        r: lora.r,
+        modules,
+        dropout: lora.lora_dropout > 0.0,
+    }))
+}
+
+/// The run shape of a GRPO config with its prompt lengths.
+pub fn run_shape_grpo(cfg: &GrpoConfig, lengths: &GrpoLengths) -> Result<RunShape, PlanError> {
+    let plan = cfg.plan(1);
+    Ok(RunShape {
+        bf16: cfg.bf16,
+        tuning: tuning(cfg.use_peft, &cfg.lora)?,
+        micro_batch: cfg.per_device_train_batch_size,
+        accumulation: cfg.gradient_accumulation_steps,
+        workload: Workload::Grpo(GrpoShape {
+            num_generations: cfg.num_generations,
+            rollout_prompts: plan.rollout_prompts,
+            rollout_completions: plan.rollout_completions,
+            prompt_tokens: lengths.prompt_tokens,
+            completion_tokens: cfg.max_completion_length,
+            reference: cfg.beta > 0.0,
+            old_logprobs: plan.steps_per_rollout > 1,
+            share_prompts: cfg.share_prompts,
+            temperature_scaled: cfg.temperature != 1.0,
+            eval: lengths.eval.map(|e| EvalPrompts {
+                prompts: e.prompts.min(EVAL_BATCH),
+                ..e
+            }),
+        }),
+    })
+}
+
+/// The run shape of an SFT config with its example lengths.
+pub fn run_shape_sft(cfg: &SftConfig, lengths: &SftLengths) -> Result<RunShape, PlanError> {
+    Ok(RunShape {
+        bf16: cfg.bf16,
+        tuning: tuning(cfg.use_peft, &cfg.lora)?,
+        micro_batch: cfg.per_device_train_batch_size,
+        accumulation: cfg.gradient_accumulation_steps,
+        workload: Workload::Sft(SftShape {
+            example_tokens: lengths.example_tokens,
+            eval: lengths.eval,
+        }),
+    })
+}

@@ -1,0 +1,347 @@
+//! The plan's arithmetic on a tiny model, by hand.
+
+use super::activations::{layer_saved, layer_size};
+use super::*;
+
+/// vocab 512, hidden 64, intermediate 128, 2 layers, 4 heads / 2 kv heads of 16: q_dim 64,
+/// kv_dim 32; tied embeddings, no biases, no q/k norms.
+fn tiny() -> ModelDims {
+    ModelDims {
+        vocab: 512,
+        hidden: 64,
+        intermediate: 128,
+        layers: 2,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 16,
+        tied_embeddings: true,
+        qkv_bias: false,
+        o_bias: false,
+        mlp_bias: false,
+        qk_norm: false,
+    }
+}
+
+fn lora_qv() -> Tuning {
+    Tuning::Lora(LoraShape {
+        r: 4,
+        modules: vec!["self_attn.q_proj", "self_attn.v_proj"],
+        dropout: false,
+    })
+}
+
+fn sft(tuning: Tuning, micro: usize, example_tokens: usize) -> RunShape {
+    RunShape {
+        bf16: false,
+        tuning,
+        micro_batch: micro,
+        accumulation: 1,
+        workload: Workload::Sft(SftShape {
+            example_tokens,
+            eval: false,
+        }),
+    }
+}
+
+const ENV: Environment = Environment {
+    baseline_bytes: 1_000_000,
+    source_file_bytes: 1_000,
+};
+
+#[test]
+fn parameter_counts() {
+    let d = tiny();
+    // Linears per layer: q 64x64 + k 32x64 + v 32x64 + o 64x64 + 3 x 128x64 = 36864; two norms
+    // of 64: 36992 per layer. Embedding 512 x 64 = 32768 (tied head), final norm 64.
+    assert_eq!(d.layer_params(), 36_992);
+    assert_eq!(d.num_parameters(), 32_768 + 2 * 36_992 + 64);
+    assert_eq!(d.largest_tensor(), 32_768);
+    // LoRA r=4 on q (64 -> 64) and v (64 -> 32): 4 x (64 + 64) + 4 x (64 + 32) = 896 per layer.
+    assert_eq!(lora_qv().trainable_params(&d), 2 * 896);
+    // Merging copies q and v: 4096 + 2048 per layer.
+    assert_eq!(lora_qv().merged_params(&d), 2 * 6144);
+    assert_eq!(Tuning::Full.trainable_params(&d), d.num_parameters());
+    // The same counts as the model config, for every family (biases, q/k norms, untied heads).
+    for fam in [
+        rlft_model::Family::Llama,
+        rlft_model::Family::Qwen2,
+        rlft_model::Family::Qwen3,
+    ] {
+        let c = rlft_model::tiny::tiny_config(fam);
+        assert_eq!(
+            ModelDims::from_config(&c).num_parameters(),
+            c.num_parameters(),
+            "{fam:?}"
+        );
+    }
+}
+
+#[test]
+fn kv_cache_and_generation() {
+    let d = tiny();
+    // 16 rows x 2 layers x 2 (k, v) x 32 x 100 positions x 4 bytes.
+    assert_eq!(kv_cache_bytes(&d, 16, 100, 4), 16 * 2 * 2 * 32 * 100 * 4);
+    // 2 prompts of 10 tokens x 4 samples, 6 new tokens: KV of 8 rows x 2 layers x 2 x 32 x 16
+    // positions x 4 bytes (65536),
+    // two [8, 512] f32 logits (32768), and the larger of the prefill buffers (20 tokens x
+    // (4*64 + 2*64 + 2*32 + 2*128) floats = 56320) and the prompts' caches (2 x 2 x 2 x 32 x 10
+    // x 4 = 10240).
+    assert_eq!(
+        generation(&d, 2, 4, 10, 6, 4).bytes,
+        65_536 + 32_768 + 56_320
+    );
+}
+
+#[test]
+fn layer_activations_per_token() {
+    let d = tiny();
+    // Fused f32: 6 h + 3 q_dim + 3 kv_dim + 3 intermediate floats = 384 + 192 + 96 + 384 =
+    // 1056 floats = 4224 bytes per token.
+    let fused = layer_saved(&d, Kernels::Fused, &lora_qv());
+    assert_eq!(fused.iter().map(|t| t.bytes_per_token).sum::<usize>(), 4224);
+    assert!(fused.iter().all(|t| t.bytes_per_score == 0));
+    // Dropout adds one f32 mask per adapted module input (64 + 64).
+    let drop = Tuning::Lora(LoraShape {
+        dropout: true,
+        ..match lora_qv() {
+            Tuning::Lora(l) => l,
+            Tuning::Full => unreachable!(),
+        }
+    });
+    let with_masks: usize = layer_saved(&d, Kernels::Fused, &drop)
+        .iter()
+        .map(|t| t.bytes_per_token)
+        .sum();
+    assert_eq!(with_masks, 4224 + 128 * 4);
+    // Composite bf16, full fine-tuning: two norms of 16 bytes x h, projections 2 bytes x
+    // (q + k + v), RoPE 4.5 x 2 bytes x (q_dim + kv_dim), v's contiguous copy 2 x kv_dim,
+    // attention out and its copy 2 x 2 x q_dim, residual path 2 x 2 x 4 h (o out, residual,
+    // down out, residual), MLP 4 x 2 x I; and 26 bytes per score.
+    let comp = layer_saved(&d, Kernels::Composite, &Tuning::Full);
+    let per_token: usize = comp.iter().map(|t| t.bytes_per_token).sum();
+    let want =
+        2 * 16 * 64 + 2 * (64 + 32 + 32) + 9 * (64 + 32) + 2 * 32 + 4 * 64 + 8 * 64 + 8 * 128;
+    assert_eq!(per_token, want);
+    assert_eq!(comp.iter().map(|t| t.bytes_per_score).sum::<usize>(), 26);
+    // Scores count rows x heads x tokens x keys: 2 rows x 4 heads x 8 x 8 = 512.
+    let pass = [Pass {
+        name: "x",
+        rows: 2,
+        tokens: 8,
+        keys: 8,
+    }];
+    let size = layer_size(&d, &comp, &pass);
+    assert_eq!(size.bytes, 16 * want as u64 + 512 * 26);
+    // All far below the mmap threshold: nothing fresh.
+    assert_eq!(size.fresh_bytes, 0);
+}
+
+#[test]
+fn sft_lora_components_by_hand() {
+    let d = tiny();
+    // Micro-batch of 2 examples of 9 tokens: 8 inputs each, 16 tokens, 16 head rows.
+    let run = sft(lora_qv(), 2, 9);
+    let p = estimate(&d, &run, &ENV).unwrap();
+    let params = 106_816u64;
+    let t = 1_792u64;
+    assert_eq!(p.parameters as u64, params);
+    assert_eq!(p.trainable_parameters as u64, t);
+    assert_eq!(p.bytes("weights"), params * 4);
+    assert_eq!(p.bytes("trainable"), t * 4);
+    assert_eq!(p.bytes("optimizer"), 2 * t * 4);
+    assert_eq!(p.bytes("gradients"), t * 4 + t * 4);
+    assert!(p.component("reference").is_none());
+    // Loading: the 1000-byte file plus the 512 x 64 embedding in f32.
+    assert_eq!(p.bytes("load_buffers"), 1_000 + 32_768 * 4);
+    // Activations: layers 2 x 16 tokens x 4224; embeddings, final norm, head input rows and
+    // the frozen head's [16, 64] input gradient: 4 x 16 x 64 x 4; the head's forward block
+    // [16, 512] + [16, 64] floats; gradients in flight 16 x (3 x 128 + 4 x 64) floats.
+    let acts = 2 * 16 * 4224 + 4 * 4096 + (16 * 512 + 16 * 64) * 4 + 16 * 640 * 4;
+    assert_eq!(p.activations.total.bytes, acts);
+    assert_eq!(p.bytes("activations"), acts);
+    // Export: the merged copy of q and v (12288 x 4) with the merge's f32 temporaries (3 x the
+    // largest adapted linear, q's 64 x 64), and the embedding's write buffer.
+    assert_eq!(p.bytes("rollout_model"), 12_288 * 4 + 3 * 4096 * 4);
+    assert_eq!(p.bytes("export_buffers"), 32_768 * 4);
+    // A checkpoint copies m and v and writes the largest adapter (4 x 64) through two buffers.
+    assert_eq!(p.bytes("checkpoint_buffers"), 2 * t * 4 + 2 * 256 * 4);
+    let base = 1_000_000 + params * 4 + t * 4;
+    let phase = |ph: Phase| p.phase(ph).unwrap().live_bytes;
+    assert_eq!(phase(Phase::Load), base + 1_000 + 32_768 * 4);
+    assert_eq!(phase(Phase::Update), base + 2 * t * 4 + 2 * t * 4 + acts);
+    assert_eq!(
+        phase(Phase::Export),
+        base + 2 * t * 4 + 12_288 * 4 + 3 * 4096 * 4 + 32_768 * 4
+    );
+    // The update is the largest phase (by 14 KiB over the export here). No buffer reaches the
+    // mmap threshold, so every phase after loading sits at the heap's high-water mark, the
+    // largest phase total.
+    assert_eq!(p.peak_phase, Phase::Update);
+    assert_eq!(p.total_bytes, phase(Phase::Update));
+    assert_eq!(p.heap_high_water_bytes, phase(Phase::Update));
+    assert!(p
+        .phases
+        .iter()
+        .all(|x| x.phase == Phase::Load || x.rss_bytes == p.heap_high_water_bytes));
+    // With a single-token example pass, the export's buffers outweigh the update.
+    let short = estimate(&d, &sft(lora_qv(), 1, 2), &ENV).unwrap();
+    assert_eq!(short.peak_phase, Phase::Export);
+}
+
+#[test]
+fn full_fine_tuning_keeps_copies() {
+    let d = tiny();
+    let p = estimate(&d, &sft(Tuning::Full, 2, 9), &ENV).unwrap();
+    let params = 106_816u64;
+    // Trainable copies replace the weights; the SFT trainer keeps the loaded ones.
+    assert_eq!(p.bytes("trainable"), 0);
+    assert_eq!(p.bytes("reference"), params * 4);
+    assert_eq!(p.bytes("optimizer"), 2 * params * 4);
+    assert_eq!(p.bytes("gradients"), 2 * params * 4);
+    // Loading holds the original and the copies at once.
+    assert_eq!(p.bytes("load_buffers"), params * 4);
+    // bf16: weights and gradients halve, AdamW adds an f32 master copy.
+    let mut r = sft(Tuning::Full, 2, 9);
+    r.bf16 = true;
+    let b = estimate(&d, &r, &ENV).unwrap();
+    assert_eq!(b.bytes("weights"), params * 2);
+    assert_eq!(b.bytes("master"), params * 4);
+    assert_eq!(b.bytes("gradients"), params * 2 + params * 4);
+    assert_eq!(b.activations.kernels, Kernels::Composite);
+    assert_eq!(b.activations.head, HeadKernel::Chunked);
+}
+
+fn grpo(micro: usize, share: bool, beta: bool) -> RunShape {
+    RunShape {
+        bf16: false,
+        tuning: Tuning::Full,
+        micro_batch: micro,
+        accumulation: 12 / micro,
+        workload: Workload::Grpo(GrpoShape {
+            num_generations: 4,
+            rollout_prompts: 3,
+            rollout_completions: 12,
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            reference: beta,
+            old_logprobs: false,
+            share_prompts: share,
+            temperature_scaled: false,
+            eval: None,
+        }),
+    }
+}
+
+#[test]
+fn grpo_passes_and_reference() {
+    let d = tiny();
+    // Groups of 4 in micro-batches of 6: [0, 6) spans prompts 0-1, [6, 12) prompts 1-2.
+    assert_eq!(grpo(6, true, false).prompts_per_micro_batch(), 2);
+    assert_eq!(grpo(4, true, false).prompts_per_micro_batch(), 1);
+    assert_eq!(grpo(12, true, false).prompts_per_micro_batch(), 3);
+    // Shared: 2 prompt rows of 10, then 6 completions of 4 inputs over 14 keys; 30 head rows.
+    let (passes, rows, shared) = grpo(6, true, false).micro_batch_passes();
+    assert_eq!(
+        passes
+            .iter()
+            .map(|p| (p.rows, p.tokens, p.keys))
+            .collect::<Vec<_>>(),
+        [(2, 10, 10), (6, 4, 14)]
+    );
+    assert_eq!((rows, shared), (30, Some((6, 10))));
+    // Unshared: 6 rows of prompt + completion - 1 = 14 tokens.
+    let (passes, rows, shared) = grpo(6, false, false).micro_batch_passes();
+    assert_eq!(passes[0].total_tokens(), 6 * 14);
+    assert_eq!((rows, shared), (30, None));
+    // beta > 0 with full fine-tuning: a reference copy and a no-grad pass.
+    let p = estimate(&d, &grpo(6, true, true), &ENV).unwrap();
+    assert_eq!(p.bytes("reference"), 106_816 * 4);
+    assert!(p.phases.iter().any(|x| x.phase == Phase::Score));
+    let p0 = estimate(&d, &grpo(6, true, false), &ENV).unwrap();
+    assert_eq!(p0.bytes("reference"), 0);
+    assert!(!p0.phases.iter().any(|x| x.phase == Phase::Score));
+    // Sharing the prompt pass keeps fewer activations than prompt + completion rows.
+    let unshared = estimate(&d, &grpo(6, false, false), &ENV).unwrap();
+    assert!(p0.activations.layers.bytes < unshared.activations.layers.bytes);
+}
+
+#[test]
+fn suggestions_fit_the_budget() {
+    let d = tiny();
+    let run = sft(Tuning::Full, 8, 257);
+    let total = estimate(&d, &run, &ENV).unwrap().total_bytes;
+    // A budget a bit under the current total: a smaller micro-batch with more accumulation
+    // (same batch) fits, and is offered first.
+    let budget = total - total / 20;
+    let s = suggest(&d, &run, &ENV, budget).unwrap();
+    assert!(!s.is_empty());
+    let first = &s[0];
+    assert!(
+        first
+            .change
+            .starts_with("per_device_train_batch_size 8 -> 4"),
+        "{first:?}"
+    );
+    assert_eq!(
+        first.sets,
+        [
+            "per_device_train_batch_size=4",
+            "gradient_accumulation_steps=2"
+        ]
+    );
+    assert!(first.total_bytes <= budget && !first.changes_training);
+    let mut smaller = run.clone();
+    smaller.micro_batch = 4;
+    smaller.accumulation = 2;
+    assert_eq!(
+        first.total_bytes,
+        estimate(&d, &smaller, &ENV).unwrap().total_bytes
+    );
+    // Every suggestion's total is within the budget; nothing fits in 1 byte.
+    assert!(s.iter().all(|x| x.total_bytes <= budget));
+    assert!(suggest(&d, &run, &ENV, 1).unwrap().is_empty());
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    let d = tiny();
+    let e = estimate(&d, &sft(Tuning::Full, 0, 9), &ENV).unwrap_err();
+    assert!(e.to_string().contains("per_device_train_batch_size"), "{e}");
+    let mut z = tiny();
+    z.layers = 0;
+    assert!(estimate(&z, &sft(Tuning::Full, 1, 9), &ENV).is_err());
+}
+
+#[test]
+fn large_buffers_come_on_top_of_the_heap() {
+    // A 65536 x 128 f32 embedding is 32 MiB: at the mmap threshold, mapped fresh. So are its
+    // AdamW moments, gradient, sums, reference copy and the export's write buffer.
+    let d = ModelDims {
+        vocab: 65_536,
+        hidden: 128,
+        ..tiny()
+    };
+    let embed = 65_536 * 128 * 4;
+    assert_eq!(embed, MMAP_THRESHOLD);
+    let run = grpo(6, true, true);
+    let p = estimate(&d, &run, &ENV).unwrap();
+    assert_eq!(p.component("weights").unwrap().fresh_bytes, embed);
+    assert_eq!(p.component("optimizer").unwrap().fresh_bytes, 2 * embed);
+    assert_eq!(p.component("reference").unwrap().fresh_bytes, embed);
+    assert_eq!(p.component("export_buffers").unwrap().fresh_bytes, embed);
+    for x in &p.phases {
+        assert!(x.rss_bytes >= x.live_bytes, "{x:?}");
+        if x.phase != Phase::Load {
+            assert!(x.rss_bytes >= p.heap_high_water_bytes, "{x:?}");
+        }
+    }
+    // The update holds the heap's high-water mark (activations and gradients); the export's
+    // buffer finds too little free heap (less than twice its size) and is mapped on top:
+    // RSS = high-water mark + every fresh buffer of the phase.
+    let up = p.phase(Phase::Update).unwrap();
+    assert_eq!(up.live_bytes - up.fresh_bytes, p.heap_high_water_bytes);
+    let ex = p.phase(Phase::Export).unwrap();
+    assert!(p.heap_high_water_bytes - (ex.live_bytes - ex.fresh_bytes) < 2 * embed);
+    assert_eq!(ex.rss_bytes, p.heap_high_water_bytes + ex.fresh_bytes);
+    assert!(ex.rss_bytes > ex.live_bytes);
+}

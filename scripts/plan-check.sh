@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Predicted (`rlft plan`) vs measured peak RSS of short runs on the default model: prints the
+# markdown table of docs/memory.md. Each case: `rlft plan --json`, then the run itself (2
+# optimiser steps) under /usr/bin/time (max RSS = the process's VmHWM).
+#
+#   scripts/plan-check.sh [CASE...]     cases: grpo-lora grpo-full grpo-lora-unshared
+#                                       grpo-lora-unshared-72 grpo-lora-bf16 sft-lora sft-full
+#                                       (default: all)
+#
+# Build first (cargo build --release). On a shared machine run it under
+# `flock /tmp/rlft-bench.lock`. Work files go to $WORK (default /tmp/rlft-plan-check).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RLFT=${RLFT:-./target/release/rlft}
+WORK=${WORK:-/tmp/rlft-plan-check}
+mkdir -p "$WORK"
+CASES=("$@")
+if [ ${#CASES[@]} -eq 0 ]; then
+  CASES=(grpo-lora grpo-full grpo-lora-unshared grpo-lora-unshared-72 grpo-lora-bf16 sft-lora
+    sft-full)
+fi
+
+"$RLFT" fetch-model >/dev/null
+if [ ! -f "$WORK/tpe/dataset_dict.json" ]; then
+  "$RLFT" data tiny-python-expr --output "$WORK/tpe" --overwrite >/dev/null 2>&1
+fi
+# SFT rows of ~600 tokens, all truncated to max_length 256: every micro-batch is 8 x 256.
+if [ ! -f "$WORK/sft.jsonl" ]; then
+  for i in $(seq 0 63); do
+    start=$(( i * 7 % 50 ))
+    comp=$(seq -s ' ' "$start" $(( start + 399 )))
+    printf '{"prompt": "Count upwards from %d, one number at a time.", "completion": "%s"}\n' \
+      "$start" "$comp"
+  done > "$WORK/sft.jsonl"
+fi
+
+GRPO=(examples/tiny_python_expr/cpu.toml --set max_steps=2 --set "dataset=$WORK/tpe")
+SFT=(examples/sft/sft.toml --set max_steps=2 --set "dataset=$WORK/sft.jsonl")
+
+args() {
+  case "$1" in
+    grpo-lora) echo grpo; printf '%s\n' "${GRPO[@]}" ;;
+    grpo-full) echo grpo; printf '%s\n' "${GRPO[@]}" --set use_peft=false --set beta=0.04 \
+      --set learning_rate=1e-6 ;;
+    grpo-lora-unshared) echo grpo; printf '%s\n' "${GRPO[@]}" --set share_prompts=false ;;
+    # Every prompt truncated to 72 tokens: each micro-batch has the planned (longest) shape.
+    grpo-lora-unshared-72) echo grpo; printf '%s\n' "${GRPO[@]}" --set share_prompts=false \
+      --set max_prompt_length=72 --set prompt_truncation=truncate ;;
+    grpo-lora-bf16) echo grpo; printf '%s\n' "${GRPO[@]}" --set bf16=true \
+      --set eval_max_prompts=16 ;;
+    sft-lora) echo sft; printf '%s\n' "${SFT[@]}" ;;
+    sft-full) echo sft; printf '%s\n' "${SFT[@]}" --set use_peft=false \
+      --set learning_rate=1e-5 ;;
+    *) echo "unknown case $1" >&2; exit 2 ;;
+  esac
+}
+
+echo "| case | predicted MiB (phase) | measured MiB | error |"
+echo "|---|---|---|---|"
+for c in "${CASES[@]}"; do
+  mapfile -t a < <(args "$c")
+  trainer=${a[0]}
+  cfg=("${a[@]:1}")
+  out="$WORK/out-$c"
+  rm -rf "$out"
+  plan=$("$RLFT" plan "$trainer" --config "${cfg[@]}" --set "output_dir=$out" --json)
+  pred=$(printf '%s' "$plan" | python3 -c 'import json,sys; v=json.load(sys.stdin); print("%.0f %s" % (v["total_mib"], v["plan"]["peak_phase"]))')
+  /usr/bin/time -f "%M" -o "$WORK/$c.time" \
+    "$RLFT" "$trainer" --config "${cfg[@]}" --set "output_dir=$out" >"$WORK/$c.out" 2>"$WORK/$c.err"
+  meas=$(( $(tail -1 "$WORK/$c.time") / 1024 ))
+  read -r p phase <<<"$pred"
+  err=$(python3 -c "print('%+.1f%%' % (($p - $meas) / $meas * 100))")
+  echo "| $c | $p ($phase) | $meas | $err |"
+done
