@@ -486,7 +486,9 @@ pub fn softmax(x: &Tensor, grad: bool) -> Result<Tensor> {
 ///
 /// `q [b, h, t, d]`, `k/v [b, kvh, T, d]` (T = past + t), `bias [b, 1, t, T]` additive mask
 /// (0 or -inf) -> `[b, h, t, d]`. Query heads `g*groups .. (g+1)*groups` share kv head `g`,
-/// as in transformers' `repeat_kv`.
+/// as in transformers' `repeat_kv`. candle's ops (the path for other devices and dtypes, and
+/// the reference the fused kernel is tested against); the model calls [`attention_rows`],
+/// which takes [`crate::fused::attention`] where it applies.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, grad: bool) -> Result<Tensor> {
     let (b, h, t, d) = q.dims4()?;
     let kvh = k.dim(1)?;
@@ -496,11 +498,6 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, grad: bool) 
     let dtype = q.dtype();
     let cdt = compute_dtype(dtype);
     // [b, kvh, groups * t, d]: rows are (group, position) pairs.
-    if crate::fused::enabled_for(q) && bias.dims4()? == (b, 1, t, big_t) {
-        // One node, per (row, kv head) tasks, probabilities recomputed in backward.
-        let bias = bias.to_dtype(dtype)?;
-        return Ok(crate::fused::attention::attention(q, k, v, &bias, scale)?);
-    }
     let qg = q.contiguous()?.reshape((b, kvh, groups * t, d))?;
     let scores = (qg.matmul(&k.t()?)? * scale)?;
     let scores = scores.to_dtype(cdt)?.reshape((b, kvh, groups, t, big_t))?;

@@ -10,7 +10,6 @@
 //! - [`norm::rms_norm`]: RMSNorm, gradient for the input and (when trainable) the weight.
 //! - [`act::swiglu`]: `silu(gate) * up`.
 //! - [`rope::rope`]: rotary embedding (HF "rotate half"), reading a strided `[b, h, t, d]` view.
-//! - [`softmax::masked_softmax`]: `softmax(scores * scale + bias)` for attention.
 //! - [`attention::attention`]: grouped-query attention, probabilities recomputed in backward.
 //! - [`linear`]: `x @ W^T + b`, and the LoRA layer over a frozen base, one node each.
 //! - [`head`]: LM head + log-softmax + gather over vocabulary blocks, never `[rows, vocab]`.
@@ -21,7 +20,6 @@ pub mod head;
 pub mod linear;
 pub mod norm;
 pub mod rope;
-pub mod softmax;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
