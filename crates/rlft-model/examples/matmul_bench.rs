@@ -56,5 +56,47 @@ fn main() -> candle_core::Result<()> {
             println!("{line}");
         }
     }
+    // The rank-16 LoRA products of one [1536, 576] layer at 1016 rows (forward and backward).
+    let (m, k, n, r) = (1016usize, 576usize, 1536usize, 16usize);
+    let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?;
+    let g = Tensor::randn(0f32, 1.0, (m, n), &dev)?;
+    let a = Tensor::randn(0f32, 1.0, (r, k), &dev)?;
+    let b = Tensor::randn(0f32, 1.0, (n, r), &dev)?;
+    let h = Tensor::randn(0f32, 1.0, (m, r), &dev)?;
+    let cases: [(&str, Box<dyn Fn() -> Tensor>, usize); 5] = [
+        (
+            "h = x @ A^T       ",
+            Box::new(|| x.matmul(&a.t().unwrap()).unwrap()),
+            m * k * r,
+        ),
+        (
+            "y += h @ B^T      ",
+            Box::new(|| h.matmul(&b.t().unwrap()).unwrap()),
+            m * r * n,
+        ),
+        (
+            "dh = dy @ B       ",
+            Box::new(|| g.matmul(&b).unwrap()),
+            m * n * r,
+        ),
+        (
+            "dA = dh^T @ x     ",
+            Box::new(|| h.t().unwrap().matmul(&x).unwrap()),
+            m * k * r,
+        ),
+        (
+            "dB = dy^T @ h     ",
+            Box::new(|| g.t().unwrap().matmul(&h).unwrap()),
+            m * n * r,
+        ),
+    ];
+    for (name, f, macs) in cases.iter() {
+        let t = time(|| drop(f()), 15);
+        println!(
+            "lora {name} {:>7.3} ms {:>6.1} GFLOP/s",
+            t * 1e3,
+            2.0 * *macs as f64 / t / 1e9
+        );
+    }
     Ok(())
 }

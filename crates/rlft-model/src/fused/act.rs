@@ -4,7 +4,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
-use super::{contiguous_slice, dispatch, tensor, with_slice, Real};
+use super::{contiguous_slice, dispatch, simd, tensor, with_slice, Real};
 
 /// Elements per rayon task.
 const PER_TASK: usize = 1 << 14;
@@ -24,9 +24,50 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> candle_core::Result<Tensor> {
 
 struct SwiGlu;
 
+#[inline(always)]
 fn sigmoid<T: Real>(g: T) -> T {
     let one = T::from_f64(1.0);
     one / (one + (-g).exp())
+}
+
+/// `y = silu(g) * u` over one chunk.
+#[inline(always)]
+fn fwd_chunk<T: Real>(y: &mut [T], g: &[T], u: &[T]) {
+    for ((o, &gv), &uv) in y.iter_mut().zip(g).zip(u) {
+        *o = gv * sigmoid(gv) * uv;
+    }
+}
+
+/// `d silu(g) / dg = s * (1 + g * (1 - s))` with `s = sigmoid(g)`.
+#[inline(always)]
+fn dsilu<T: Real>(g: T, s: T) -> T {
+    let one = T::from_f64(1.0);
+    s * (one + g * (one - s))
+}
+
+/// `dg`, `du` over one chunk (branch-free loops per case, so each vectorises).
+#[inline(always)]
+fn bwd_chunk<T: Real>(dg: Option<&mut [T]>, du: Option<&mut [T]>, g: &[T], u: &[T], d: &[T]) {
+    match (dg, du) {
+        (Some(a), Some(b)) => {
+            for ((((a, b), &gv), &uv), &dv) in a.iter_mut().zip(b.iter_mut()).zip(g).zip(u).zip(d) {
+                let s = sigmoid(gv);
+                *a = dv * uv * dsilu(gv, s);
+                *b = dv * gv * s;
+            }
+        }
+        (Some(a), None) => {
+            for (((a, &gv), &uv), &dv) in a.iter_mut().zip(g).zip(u).zip(d) {
+                *a = dv * uv * dsilu(gv, sigmoid(gv));
+            }
+        }
+        (None, Some(b)) => {
+            for ((b, &gv), &dv) in b.iter_mut().zip(g).zip(d) {
+                *b = dv * gv * sigmoid(gv);
+            }
+        }
+        (None, None) => {}
+    }
 }
 
 impl CustomOp2 for SwiGlu {
@@ -47,11 +88,7 @@ impl CustomOp2 for SwiGlu {
             let mut y = vec![T::from_f64(0.0); g.len()];
             y.par_chunks_mut(PER_TASK)
                 .zip(g.par_chunks(PER_TASK).zip(u.par_chunks(PER_TASK)))
-                .for_each(|(yc, (gc, uc))| {
-                    for ((o, &gv), &uv) in yc.iter_mut().zip(gc).zip(uc) {
-                        *o = gv * sigmoid(gv) * uv;
-                    }
-                });
+                .for_each(|(yc, (gc, uc))| simd(|| fwd_chunk(yc, gc, uc)));
             Ok((T::to_cpu_storage_owned(y), gl.shape().clone()))
         })
     }
@@ -66,48 +103,38 @@ impl CustomOp2 for SwiGlu {
         let (want_g, want_u) = (gate.track_op(), up.track_op());
         dispatch!(gate.dtype(), T => {
             let zero = T::from_f64(0.0);
-            let one = T::from_f64(1.0);
             let n = gate.elem_count();
             let mut dg = vec![zero; if want_g { n } else { 0 }];
             let mut du = vec![zero; if want_u { n } else { 0 }];
             with_slice::<T, _>(gate, |g| {
                 with_slice::<T, _>(up, |u| {
                     with_slice::<T, _>(dy, |d| {
-                        // Branch-free loops per case, so each vectorises.
-                        let dsilu = |gv: T, s: T| s * (one + gv * (one - s));
+                        let ch = |c: usize, len: usize| {
+                            let r = c * PER_TASK..c * PER_TASK + len;
+                            (&g[r.clone()], &u[r.clone()], &d[r])
+                        };
                         match (want_g, want_u) {
                             (true, true) => dg
                                 .par_chunks_mut(PER_TASK)
                                 .zip(du.par_chunks_mut(PER_TASK))
                                 .enumerate()
                                 .for_each(|(c, (a, b))| {
-                                    let i0 = c * PER_TASK;
-                                    let (gs, us, ds) = (&g[i0..], &u[i0..], &d[i0..]);
-                                    for j in 0..a.len() {
-                                        let s = sigmoid(gs[j]);
-                                        a[j] = ds[j] * us[j] * dsilu(gs[j], s);
-                                        b[j] = ds[j] * gs[j] * s;
-                                    }
+                                    let (gs, us, ds) = ch(c, a.len());
+                                    simd(|| bwd_chunk(Some(a), Some(b), gs, us, ds))
                                 }),
                             (true, false) => dg
                                 .par_chunks_mut(PER_TASK)
                                 .enumerate()
                                 .for_each(|(c, a)| {
-                                    let i0 = c * PER_TASK;
-                                    let (gs, us, ds) = (&g[i0..], &u[i0..], &d[i0..]);
-                                    for j in 0..a.len() {
-                                        a[j] = ds[j] * us[j] * dsilu(gs[j], sigmoid(gs[j]));
-                                    }
+                                    let (gs, us, ds) = ch(c, a.len());
+                                    simd(|| bwd_chunk(Some(a), None, gs, us, ds))
                                 }),
                             (false, true) => du
                                 .par_chunks_mut(PER_TASK)
                                 .enumerate()
                                 .for_each(|(c, b)| {
-                                    let i0 = c * PER_TASK;
-                                    let (gs, ds) = (&g[i0..], &d[i0..]);
-                                    for j in 0..b.len() {
-                                        b[j] = ds[j] * gs[j] * sigmoid(gs[j]);
-                                    }
+                                    let (gs, us, ds) = ch(c, b.len());
+                                    simd(|| bwd_chunk(None, Some(b), gs, us, ds))
                                 }),
                             (false, false) => {}
                         }

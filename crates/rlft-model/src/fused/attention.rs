@@ -10,7 +10,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Storage, Tensor, WithDType};
 use rayon::prelude::*;
 
-use super::{dispatch, gemm_seq, tensor, with_slice, Real};
+use super::{dispatch, dot, gemm_seq, max, simd, sum, tensor, with_slice, Real};
 
 /// `softmax(q k^T * scale + bias) v` with grouped kv heads: `q [b, h, t, d]`,
 /// `k, v [b, kvh, T, d]` (any strides with a unit last stride), `bias [b, 1, t, T]` an additive
@@ -150,23 +150,37 @@ fn probs<T: Real>(qg: &[T], kk: &[T], bias: &[T], bi: usize, dm: Dims, scale: T)
     let rows = dm.groups() * dm.t;
     let mut p = vec![T::from_f64(0.0); rows * dm.big_t];
     gemm_seq(rows, dm.big_t, dm.d, &mut p, qg, false, kk, true, false);
+    simd(|| softmax_rows(&mut p, bias, bi, dm, scale));
+    p
+}
+
+/// Scores `[g*t, T]` -> probabilities in place: `softmax(s * scale + bias row)`.
+#[inline(always)]
+fn softmax_rows<T: Real>(p: &mut [T], bias: &[T], bi: usize, dm: Dims, scale: T) {
     for (r, pr) in p.chunks_mut(dm.big_t).enumerate() {
         let m0 = (bi * dm.t + r % dm.t) * dm.big_t;
         let mr = &bias[m0..m0 + dm.big_t];
-        let mut mx = T::NEG_INF;
         for (o, &m) in pr.iter_mut().zip(mr) {
             *o = *o * scale + m;
-            mx = mx.maxv(*o);
         }
-        let mut sum = T::from_f64(0.0);
+        let mx = max(pr);
         for o in pr.iter_mut() {
             *o = (*o - mx).exp();
-            sum += *o;
         }
-        let inv = T::from_f64(1.0) / sum;
+        let inv = T::from_f64(1.0) / sum(pr);
         pr.iter_mut().for_each(|o| *o *= inv);
     }
-    p
+}
+
+/// `dS = scale * P * (dP - rowsum(dP * P))` in place of `dP`, row by row.
+#[inline(always)]
+fn softmax_grad_rows<T: Real>(ds: &mut [T], p: &[T], big_t: usize, scale: T) {
+    for (dr, pr) in ds.chunks_mut(big_t).zip(p.chunks(big_t)) {
+        let dt = dot(dr, pr);
+        for (o, &pv) in dr.iter_mut().zip(pr) {
+            *o = scale * pv * (*o - dt);
+        }
+    }
 }
 
 /// The output `[b, h, t, d]`, or `[b, t, h, d]` when `rows_out`.
@@ -257,12 +271,7 @@ fn backward<T: Real>(
             // dP = dO V^T, then dS = scale * P * (dP - rowsum(dP * P)) in place.
             let mut ds = vec![zero; rows * big_t];
             gemm_seq(rows, big_t, d, &mut ds, doc, false, &vv, true, false);
-            for (dr, pr) in ds.chunks_mut(big_t).zip(p.chunks(big_t)) {
-                let dot: T = dr.iter().zip(pr).map(|(&a, &b)| a * b).sum();
-                for (o, &pv) in dr.iter_mut().zip(pr) {
-                    *o = scale * pv * (*o - dot);
-                }
-            }
+            simd(|| softmax_grad_rows(&mut ds, &p, big_t, scale));
             // dQ = dS K, dK = dS^T Q
             gemm_seq(rows, d, big_t, dqc, &ds, false, &kk, false, false);
             gemm_seq(big_t, d, rows, dkc, &ds, true, &qg, false, false);

@@ -4,7 +4,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
-use super::{contiguous_slice, dispatch, tensor, with_slice, Real};
+use super::{contiguous_slice, dispatch, dot, simd, tensor, with_slice, Real};
 
 /// Rows per rayon task.
 const ROWS_PER_TASK: usize = 16;
@@ -22,10 +22,22 @@ struct RmsNorm {
 }
 
 /// `1 / sqrt(mean(row^2) + eps)`.
+#[inline(always)]
 fn inv_rms<T: Real>(row: &[T], eps: f64) -> T {
-    let ss: T = row.iter().map(|&v| v * v).sum();
-    let ms = ss.to_f64() / row.len() as f64;
+    let ms = dot(row, row).to_f64() / row.len() as f64;
     T::from_f64(1.0) / T::from_f64(ms + eps).sqrt()
+}
+
+/// One block of rows of the forward.
+#[inline(always)]
+fn forward_rows<T: Real>(yc: &mut [T], xc: &[T], w: &[T], eps: f64) {
+    let h = w.len();
+    for (yr, xr) in yc.chunks_mut(h).zip(xc.chunks(h)) {
+        let r = inv_rms(xr, eps);
+        for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
+            *o = v * r * g;
+        }
+    }
 }
 
 fn forward<T: Real>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
@@ -33,15 +45,28 @@ fn forward<T: Real>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
     let mut y = vec![T::from_f64(0.0); x.len()];
     y.par_chunks_mut(h * ROWS_PER_TASK)
         .zip(x.par_chunks(h * ROWS_PER_TASK))
-        .for_each(|(yc, xc)| {
-            for (yr, xr) in yc.chunks_mut(h).zip(xc.chunks(h)) {
-                let r = inv_rms(xr, eps);
-                for ((o, &v), &g) in yr.iter_mut().zip(xr).zip(w) {
-                    *o = v * r * g;
-                }
-            }
-        });
+        .for_each(|(yc, xc)| simd(|| forward_rows(yc, xc, w, eps)));
     y
+}
+
+/// One block of rows of the backward: writes `dx`, adds to `dw` (when not empty).
+#[inline(always)]
+fn backward_rows<T: Real>(dxc: &mut [T], xc: &[T], dyc: &[T], w: &[T], eps: f64, dw: &mut [T]) {
+    let h = w.len();
+    for ((dxr, xr), dyr) in dxc.chunks_mut(h).zip(xc.chunks(h)).zip(dyc.chunks(h)) {
+        let r = inv_rms(xr, eps);
+        // dx doubles as scratch for dy * w.
+        for ((o, &d), &g) in dxr.iter_mut().zip(dyr).zip(w) {
+            *o = d * g;
+        }
+        let c = dot(dxr, xr) * r * r / T::from_f64(h as f64);
+        for (o, &xv) in dxr.iter_mut().zip(xr) {
+            *o = r * (*o - xv * c);
+        }
+        for ((acc, &xv), &d) in dw.iter_mut().zip(xr).zip(dyr) {
+            *acc += d * xv * r;
+        }
+    }
 }
 
 /// `(dx, dw)`: with `xhat = x * r`, `dx = r * (dy*w - xhat * mean(dy*w*xhat))`,
@@ -62,22 +87,7 @@ fn backward<T: Real>(
         .zip(x.par_chunks(chunk).zip(dy.par_chunks(chunk)))
         .map(|(dxc, (xc, dyc))| {
             let mut dw = if want_dw { vec![zero; h] } else { Vec::new() };
-            for ((dxr, xr), dyr) in dxc.chunks_mut(h).zip(xc.chunks(h)).zip(dyc.chunks(h)) {
-                let r = inv_rms(xr, eps);
-                let mut dot = zero;
-                for ((&xv, &g), &d) in xr.iter().zip(w).zip(dyr) {
-                    dot += d * g * xv;
-                }
-                let c = dot * r * r / T::from_f64(h as f64);
-                for (((o, &xv), &g), &d) in dxr.iter_mut().zip(xr).zip(w).zip(dyr) {
-                    *o = r * (d * g - xv * c);
-                }
-                if want_dw {
-                    for ((acc, &xv), &d) in dw.iter_mut().zip(xr).zip(dyr) {
-                        *acc += d * xv * r;
-                    }
-                }
-            }
+            simd(|| backward_rows(dxc, xc, dyc, w, eps, &mut dw));
             dw
         })
         .reduce(
