@@ -63,7 +63,8 @@ fn main() -> candle_core::Result<()> {
     let a = Tensor::randn(0f32, 1.0, (r, k), &dev)?;
     let b = Tensor::randn(0f32, 1.0, (n, r), &dev)?;
     let h = Tensor::randn(0f32, 1.0, (m, r), &dev)?;
-    let cases: [(&str, Box<dyn Fn() -> Tensor>, usize); 5] = [
+    type Case<'a> = (&'a str, Box<dyn Fn() -> Tensor + 'a>, usize);
+    let cases: [Case; 5] = [
         (
             "h = x @ A^T       ",
             Box::new(|| x.matmul(&a.t().unwrap()).unwrap()),
