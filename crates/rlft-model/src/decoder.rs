@@ -410,7 +410,7 @@ impl CausalLm {
         let hd = c.head_dim;
         let hs = ops::rms_norm(x, &layer.input_layernorm, c.rms_norm_eps, grad)?;
         let a = &layer.self_attn;
-        if grad && a.q_norm.is_none() && crate::fused::enabled_for(&hs) {
+        if a.q_norm.is_none() && ops::use_fused(&hs, grad) {
             // Rotation straight from the projections' rows: no reshape/transpose nodes.
             let (cos, sin) = (cos.to_dtype(hs.dtype())?, sin.to_dtype(hs.dtype())?);
             let rot = |p: &Linear, n: usize| -> Result<Tensor> {
@@ -464,7 +464,7 @@ impl CausalLm {
             m.gate_proj.forward_t(&hs, grad)?,
             m.up_proj.forward_t(&hs, grad)?,
         );
-        let act = if grad && crate::fused::enabled_for(&gate) {
+        let act = if ops::use_fused(&gate, grad) {
             crate::fused::act::swiglu(&gate, &up)?
         } else {
             (gate.silu()? * up)?

@@ -83,10 +83,33 @@ impl Linear {
     /// candle's ops (other devices and dtypes, a trainable bias on a frozen weight, adapters
     /// in another dtype, or a trainable base weight under an adapter).
     fn fused_forward(&self, x2: &Tensor, grad: bool) -> Result<Option<Tensor>> {
-        let w = &self.weight;
-        if !grad || !crate::fused::enabled_for(x2) || w.dtype() != x2.dtype() {
+        if !crate::fused::enabled_for(x2) || self.weight.dtype() != x2.dtype() {
             return Ok(None);
         }
+        if !grad {
+            let rows = x2.elem_count() / x2.dim(D::Minus1)?.max(1);
+            if rows <= crate::kernels::SMALL_M {
+                // Decoding: the streaming kernel reads the weight once for all rows.
+                return Ok(None);
+            }
+            // Inference records no graph: every operand detached, as constants.
+            let w = self.weight.detach();
+            let bias = self.bias.as_ref().map(Tensor::detach);
+            return Ok(Some(match self.active_lora() {
+                None => crate::fused::linear::linear(x2, &w, bias.as_ref())?,
+                Some(l) if l.a.dtype() == x2.dtype() => crate::fused::linear::lora_linear(
+                    x2,
+                    &w,
+                    bias.as_ref(),
+                    &l.a.detach(),
+                    &l.b.detach(),
+                    l.scaling,
+                    None,
+                )?,
+                Some(_) => return Ok(None),
+            }));
+        }
+        let w = &self.weight;
         let trainable_bias = self.bias.as_ref().is_some_and(Tensor::track_op);
         match self.active_lora() {
             None => {
@@ -392,8 +415,13 @@ pub fn compute_dtype(dtype: DType) -> DType {
 /// `x [.., h] -> weight * (x / sqrt(mean(x^2) + eps))`.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, grad: bool) -> Result<Tensor> {
     let dtype = x.dtype();
-    if grad && crate::fused::enabled_for(x) && weight.dtype() == dtype {
-        return Ok(crate::fused::norm::rms_norm(x, weight, eps)?);
+    if use_fused(x, grad) && weight.dtype() == dtype {
+        let weight = if grad {
+            weight.clone()
+        } else {
+            weight.detach()
+        };
+        return Ok(crate::fused::norm::rms_norm(x, &weight, eps)?);
     }
     if !grad && dtype == DType::F32 {
         return Ok(candle_nn::ops::rms_norm(
@@ -451,6 +479,16 @@ pub fn rope_tables(inv_freq: &Tensor, positions: &Tensor) -> Result<(Tensor, Ten
     let pos = positions.to_dtype(DType::F32)?.unsqueeze(D::Minus1)?;
     let angles = pos.broadcast_mul(&inv_freq.reshape((1, 1, ()))?)?;
     Ok((angles.cos()?, angles.sin()?))
+}
+
+/// Whether an op on `x [.., d]` takes the fused kernel ([`crate::fused`]): when they handle
+/// `x`, for training, and for inference over more rows than a decoding step has (a prefill, a
+/// reference pass); decoding steps keep candle's kernels, cheaper on a few rows.
+pub fn use_fused(x: &Tensor, grad: bool) -> bool {
+    crate::fused::enabled_for(x)
+        && (grad
+            || x.elem_count() / x.dims().last().copied().unwrap_or(1).max(1)
+                > crate::kernels::SMALL_M)
 }
 
 /// Applies rotary embeddings (HF "rotate half" convention): `x [b, h, t, d]`,

@@ -145,21 +145,99 @@ impl Dims {
     }
 }
 
-/// Probabilities `[groups * t, T]` of task `(bi, g)`: `softmax(qg k^T * scale + bias)`.
-fn probs<T: Real>(qg: &[T], kk: &[T], bias: &[T], bi: usize, dm: Dims, scale: T) -> Vec<T> {
-    let rows = dm.groups() * dm.t;
-    let mut p = vec![T::from_f64(0.0); rows * dm.big_t];
-    gemm_seq(rows, dm.big_t, dm.d, &mut p, qg, false, kk, true, false);
-    simd(|| softmax_rows(&mut p, bias, bi, dm, scale));
+/// Query positions per block: each block computes scores only over the keys its rows can see.
+const QUERY_BLOCK: usize = 32;
+
+/// A block of query rows of one task and the keys they see: rows `r0..r0 + n` of the task's
+/// packed `[g * t, d]` queries (one head, consecutive positions) and keys `k0..k1`, the union of
+/// the rows' unmasked key ranges (a causal mask skips about half the scores).
+#[derive(Clone, Copy)]
+struct Block {
+    r0: usize,
+    n: usize,
+    /// First query position of the block.
+    t0: usize,
+    k0: usize,
+    k1: usize,
+}
+
+impl Block {
+    fn keys(&self) -> usize {
+        self.k1 - self.k0
+    }
+}
+
+/// The blocks of a task of batch row `bi`: for each head of the group, positions in chunks of
+/// [`QUERY_BLOCK`], each with the key range outside which the bias row is `-inf` for all its
+/// positions.
+fn blocks<T: Real>(bias: &[T], bi: usize, dm: Dims) -> Vec<Block> {
+    // Unmasked key range [lo, hi) of each query position.
+    let ranges: Vec<(usize, usize)> = (0..dm.t)
+        .map(|ti| {
+            let row = &bias[(bi * dm.t + ti) * dm.big_t..(bi * dm.t + ti + 1) * dm.big_t];
+            let lo = row.iter().position(|&m| m > T::NEG_INF).unwrap_or(0);
+            let hi = row
+                .iter()
+                .rposition(|&m| m > T::NEG_INF)
+                .map_or(dm.big_t, |j| j + 1);
+            (lo, hi.max(lo + 1))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for gi in 0..dm.groups() {
+        for t0 in (0..dm.t).step_by(QUERY_BLOCK) {
+            let n = QUERY_BLOCK.min(dm.t - t0);
+            let rs = &ranges[t0..t0 + n];
+            let k0 = rs.iter().map(|r| r.0).min().unwrap_or(0);
+            let k1 = rs.iter().map(|r| r.1).max().unwrap_or(dm.big_t);
+            out.push(Block {
+                r0: gi * dm.t + t0,
+                n,
+                t0,
+                k0,
+                k1,
+            });
+        }
+    }
+    out
+}
+
+/// Probabilities `[n, k1 - k0]` of one block: `softmax(q k^T * scale + bias)` over its keys
+/// (the masked keys outside the range have probability 0).
+#[allow(clippy::too_many_arguments)]
+fn probs<T: Real>(
+    qg: &[T],
+    kk: &[T],
+    bias: &[T],
+    bi: usize,
+    dm: Dims,
+    blk: Block,
+    scale: T,
+) -> Vec<T> {
+    let (d, kn) = (dm.d, blk.keys());
+    let mut p = vec![T::from_f64(0.0); blk.n * kn];
+    let q = &qg[blk.r0 * d..(blk.r0 + blk.n) * d];
+    gemm_seq(
+        blk.n,
+        kn,
+        d,
+        &mut p,
+        q,
+        false,
+        &kk[blk.k0 * d..blk.k1 * d],
+        true,
+        false,
+    );
+    simd(|| softmax_rows(&mut p, bias, bi, dm, blk, scale));
     p
 }
 
-/// Scores `[g*t, T]` -> probabilities in place: `softmax(s * scale + bias row)`.
+/// Scores `[n, kn]` -> probabilities in place: `softmax(s * scale + bias row)`.
 #[inline(always)]
-fn softmax_rows<T: Real>(p: &mut [T], bias: &[T], bi: usize, dm: Dims, scale: T) {
-    for (r, pr) in p.chunks_mut(dm.big_t).enumerate() {
-        let m0 = (bi * dm.t + r % dm.t) * dm.big_t;
-        let mr = &bias[m0..m0 + dm.big_t];
+fn softmax_rows<T: Real>(p: &mut [T], bias: &[T], bi: usize, dm: Dims, blk: Block, scale: T) {
+    for (i, pr) in p.chunks_mut(blk.keys()).enumerate() {
+        let m0 = (bi * dm.t + blk.t0 + i) * dm.big_t;
+        let mr = &bias[m0 + blk.k0..m0 + blk.k1];
         for (o, &m) in pr.iter_mut().zip(mr) {
             *o = *o * scale + m;
         }
@@ -174,8 +252,8 @@ fn softmax_rows<T: Real>(p: &mut [T], bias: &[T], bi: usize, dm: Dims, scale: T)
 
 /// `dS = scale * P * (dP - rowsum(dP * P))` in place of `dP`, row by row.
 #[inline(always)]
-fn softmax_grad_rows<T: Real>(ds: &mut [T], p: &[T], big_t: usize, scale: T) {
-    for (dr, pr) in ds.chunks_mut(big_t).zip(p.chunks(big_t)) {
+fn softmax_grad_rows<T: Real>(ds: &mut [T], p: &[T], keys: usize, scale: T) {
+    for (dr, pr) in ds.chunks_mut(keys).zip(p.chunks(keys)) {
         let dt = dot(dr, pr);
         for (o, &pv) in dr.iter_mut().zip(pr) {
             *o = scale * pv * (*o - dt);
@@ -203,8 +281,13 @@ fn forward<T: Real>(
         let qg = q.gather(bi, kv * g, g, dm.t);
         let kk = k.gather(bi, kv, 1, dm.big_t);
         let vv = v.gather(bi, kv, 1, dm.big_t);
-        let p = probs(&qg, &kk, bias, bi, dm, scale);
-        gemm_seq(g * dm.t, dm.d, dm.big_t, oc, &p, false, &vv, false, false);
+        let d = dm.d;
+        for blk in blocks(bias, bi, dm) {
+            let p = probs(&qg, &kk, bias, bi, dm, blk, scale);
+            let o = &mut oc[blk.r0 * d..(blk.r0 + blk.n) * d];
+            let vb = &vv[blk.k0 * d..blk.k1 * d];
+            gemm_seq(blk.n, d, blk.keys(), o, &p, false, vb, false, false);
+        }
     };
     if !rows_out {
         out.par_chunks_mut(chunk)
@@ -265,16 +348,51 @@ fn backward<T: Real>(
             let vv = v.gather(bi, kv, 1, big_t);
             let doc = dout.gather(bi, kv * g, g, dm.t);
             let doc = &doc[..];
-            let p = probs(&qg, &kk, bias, bi, dm, scale);
-            // dV = P^T dO
-            gemm_seq(big_t, d, rows, dvc, &p, true, doc, false, false);
-            // dP = dO V^T, then dS = scale * P * (dP - rowsum(dP * P)) in place.
-            let mut ds = vec![zero; rows * big_t];
-            gemm_seq(rows, big_t, d, &mut ds, doc, false, &vv, true, false);
-            simd(|| softmax_grad_rows(&mut ds, &p, big_t, scale));
-            // dQ = dS K, dK = dS^T Q
-            gemm_seq(rows, d, big_t, dqc, &ds, false, &kk, false, false);
-            gemm_seq(big_t, d, rows, dkc, &ds, true, &qg, false, false);
+            for blk in blocks(bias, bi, dm) {
+                let (n, kn) = (blk.n, blk.keys());
+                let p = probs(&qg, &kk, bias, bi, dm, blk, scale);
+                let (rr, keys) = (blk.r0 * d..(blk.r0 + n) * d, blk.k0 * d..blk.k1 * d);
+                let (q_b, do_b) = (&qg[rr.clone()], &doc[rr.clone()]);
+                // dV[keys] += P^T dO
+                gemm_seq(
+                    kn,
+                    d,
+                    n,
+                    &mut dvc[keys.clone()],
+                    &p,
+                    true,
+                    do_b,
+                    false,
+                    true,
+                );
+                // dP = dO V^T, then dS = scale * P * (dP - rowsum(dP * P)) in place.
+                let mut ds = vec![zero; n * kn];
+                gemm_seq(
+                    n,
+                    kn,
+                    d,
+                    &mut ds,
+                    do_b,
+                    false,
+                    &vv[keys.clone()],
+                    true,
+                    false,
+                );
+                simd(|| softmax_grad_rows(&mut ds, &p, kn, scale));
+                // dQ = dS K[keys], dK[keys] += dS^T Q
+                gemm_seq(
+                    n,
+                    d,
+                    kn,
+                    &mut dqc[rr],
+                    &ds,
+                    false,
+                    &kk[keys.clone()],
+                    false,
+                    false,
+                );
+                gemm_seq(kn, d, n, &mut dkc[keys], &ds, true, q_b, false, true);
+            }
         });
     (dq, dk, dv)
 }
@@ -406,9 +524,40 @@ mod tests {
 
     #[test]
     fn matches_repeated_head_attention_values_and_gradients() {
-        let (b, h, kvh, t, past, d) = (2, 6, 2, 5, 3, 8);
+        // A short causal case with a cache, and one over several query blocks with padding.
+        check_against_reference((2, 6, 2, 5, 3, 8), &[0, 2]);
+        check_against_reference((3, 4, 2, 70, 0, 8), &[0, 5, 40]);
+        check_against_reference((1, 2, 1, 2 * QUERY_BLOCK + 1, 7, 4), &[3]);
+    }
+
+    #[test]
+    fn a_mask_with_holes_matches_too() {
+        // Not causal: every query sees keys 0..=5 and every third key after, so the key ranges of
+        // the blocks hold masked keys inside them too.
+        let (b, t) = (2, 40);
+        let v: Vec<f64> = (0..b * t * t)
+            .map(|i| {
+                let j = i % t;
+                if j <= 5 || j % 3 == 0 {
+                    0.0
+                } else {
+                    f64::NEG_INFINITY
+                }
+            })
+            .collect();
+        let bias = Tensor::from_vec(v, (b, 1, t, t), &Device::Cpu).unwrap();
+        check_with_bias((b, 4, 2, t, 0, 8), &bias);
+    }
+
+    fn check_against_reference(shape: (usize, usize, usize, usize, usize, usize), pad: &[usize]) {
+        let (_, _, _, t, past, _) = shape;
+        let bias = crate::ops::causal_bias(pad, past, t, &Device::Cpu).unwrap();
+        check_with_bias(shape, &bias);
+    }
+
+    fn check_with_bias(shape: (usize, usize, usize, usize, usize, usize), bias: &Tensor) {
+        let (b, h, kvh, t, past, d) = shape;
         let big_t = past + t;
-        let bias = crate::ops::causal_bias(&[0, 2], past, t, &Device::Cpu).unwrap();
         for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
             let bias = bias.to_dtype(dtype).unwrap();
             // q as the decoder makes it: a transposed [b, t, h, d] view.
