@@ -342,6 +342,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_f64_round_trips_exactly() {
+        // A wall time that serde_json's fast float parser (without `float_roundtrip`) read back
+        // one ulp off.
+        let mut x = 1796072673.4322157f64;
+        for i in 0..2000 {
+            let r = MetricsRecord {
+                step: i,
+                epoch: x * 1e-9,
+                wall_time: x,
+                elapsed_s: 1.0 / (i as f64 + 3.0),
+                values: vec![("v".into(), x.sin())],
+            };
+            assert_eq!(MetricsRecord::from_json_line(&r.to_json_line()).unwrap(), r);
+            x += 0.001_234_567;
+        }
+    }
+
+    #[test]
     fn non_finite_values_round_trip() {
         let r = MetricsRecord {
             step: 3,
