@@ -50,7 +50,7 @@ fn model_path(arg: Option<String>) -> PathBuf {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    rlft_model::alloc::tune_malloc();
+    rlft_model::runtime::tune();
     let (mut positional, mut trainable, mut lora, mut rank) = (Vec::new(), None, None, 16usize);
     let (mut ab, mut reps) = (false, 3usize);
     let mut args = std::env::args().skip(1);

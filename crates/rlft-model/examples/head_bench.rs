@@ -95,7 +95,7 @@ fn to_candle(e: rlft_model::ModelError) -> candle_core::Error {
 }
 
 fn main() -> candle_core::Result<()> {
-    rlft_model::alloc::tune_malloc();
+    rlft_model::runtime::tune();
     let mut args = std::env::args().skip(1);
     let (mut which, mut rows, mut reps, mut case) = ("both".to_string(), 512, 5, "all".to_string());
     while let Some(a) = args.next() {
