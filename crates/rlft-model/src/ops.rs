@@ -1,8 +1,10 @@
 //! Building blocks shared by every family: linear layers, RMSNorm, RoPE, attention.
 //!
-//! Each op has two paths. `grad = false` uses candle's fused CPU/CUDA kernels, which are fast but
-//! have no backward (candle 0.11 drops their gradient silently). `grad = true` uses composites of
-//! differentiable ops. Tests check both paths agree.
+//! On CPU f32/f64 the ops take [`crate::fused`]'s kernels (one graph node each, with backward)
+//! for training and for inference over more rows than a decoding step ([`use_fused`]).
+//! Otherwise `grad = false` uses candle's fused CPU/CUDA kernels, which are fast but have no
+//! backward (candle 0.11 drops their gradient silently), and `grad = true` uses composites of
+//! differentiable ops. Tests check the paths agree.
 //!
 //! Constants under a graph (frozen weights, rotary tables, masks) go through ops whose only graph
 //! input is the variable operand ([`frozen_linear`], [`mul_const`], [`add_const`]): candle's own
@@ -58,9 +60,10 @@ impl Linear {
     /// for the base weight; `grad = true` (training) applies dropout when the adapter has a
     /// dropout seed ([`crate::lora::set_dropout_seed`]).
     ///
-    /// The base product picks its kernel by what needs a gradient: a frozen weight with an input
-    /// that tracks a graph goes through [`frozen_linear`] (backward computes `dx` only);
-    /// nothing tracked and few rows take the streaming kernel; otherwise candle's matmul.
+    /// Where [`use_fused`] holds, the product (base and adapter) is one [`crate::fused::linear`]
+    /// op. Otherwise the base product picks its kernel by what needs a gradient: a frozen weight
+    /// with an input that tracks a graph goes through [`frozen_linear`] (backward computes `dx`
+    /// only); nothing tracked and few rows take the streaming kernel; otherwise candle's matmul.
     pub fn forward_t(&self, x: &Tensor, grad: bool) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let in_dim = *dims.last().expect("rank >= 1");
@@ -83,15 +86,12 @@ impl Linear {
     /// candle's ops (other devices and dtypes, a trainable bias on a frozen weight, adapters
     /// in another dtype, or a trainable base weight under an adapter).
     fn fused_forward(&self, x2: &Tensor, grad: bool) -> Result<Option<Tensor>> {
-        if !crate::fused::enabled_for(x2) || self.weight.dtype() != x2.dtype() {
+        // Decoding steps (few rows, no grad) keep the streaming kernel, which reads the weight
+        // once for all rows.
+        if !use_fused(x2, grad) || self.weight.dtype() != x2.dtype() {
             return Ok(None);
         }
         if !grad {
-            let rows = x2.elem_count() / x2.dim(D::Minus1)?.max(1);
-            if rows <= crate::kernels::SMALL_M {
-                // Decoding: the streaming kernel reads the weight once for all rows.
-                return Ok(None);
-            }
             // Inference records no graph: every operand detached, as constants.
             let w = self.weight.detach();
             let bias = self.bias.as_ref().map(Tensor::detach);
