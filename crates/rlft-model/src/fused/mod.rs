@@ -220,11 +220,12 @@ pub(crate) fn dot<T: Real>(a: &[T], b: &[T]) -> T {
             acc[l] += x[l] * y[l];
         }
     }
-    let mut s = zero;
+    // The lanes first, then the tail: the order `kernels::dot` (decoding) has always summed in.
+    let mut s = acc.iter().fold(zero, |a, &b| a + b);
     for (&x, &y) in ia.remainder().iter().zip(ib.remainder()) {
         s += x * y;
     }
-    acc.iter().fold(s, |a, &b| a + b)
+    s
 }
 
 /// The largest element (`-inf` for an empty slice; NaNs are skipped as `f32::max` does), with
