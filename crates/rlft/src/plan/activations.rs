@@ -98,6 +98,29 @@ fn score(name: &str, bytes: usize) -> SavedTensor {
     }
 }
 
+/// With full fine-tuning a trainable bias is added outside the linear (in both kernel paths), so
+/// the outputs before it are kept too (`bytes` per element).
+fn bias_outputs(v: &mut Vec<SavedTensor>, dims: &ModelDims, bytes: usize) {
+    let (h, qd, kvd, i) = (dims.hidden, dims.q_dim(), dims.kv_dim(), dims.intermediate);
+    if dims.qkv_bias {
+        v.push(tok(
+            "q/k/v outputs before the trainable bias",
+            qd + 2 * kvd,
+            bytes,
+        ));
+    }
+    if dims.o_bias {
+        v.push(tok("o_proj output before the trainable bias", h, bytes));
+    }
+    if dims.mlp_bias {
+        v.push(tok(
+            "MLP outputs before the trainable biases",
+            2 * i + h,
+            bytes,
+        ));
+    }
+}
+
 /// Tensors one decoder layer keeps for backward, per token (and per score for the composite
 /// attention), in forward order. The layer's input (the previous layer's output, or the
 /// embeddings) is not listed: it is the previous layer's last entry.
@@ -146,20 +169,7 @@ pub fn layer_saved(dims: &ModelDims, kernels: Kernels, tuning: &Tuning) -> Vec<S
             v.push(tok("down_proj out (kept by the residual add)", h, B));
             v.push(tok("residual after the MLP (layer output)", h, B));
             if full {
-                // A trainable bias is added outside the fused linear: its output is kept too.
-                if dims.qkv_bias {
-                    v.push(tok(
-                        "q/k/v outputs before the trainable bias",
-                        qd + 2 * kvd,
-                        B,
-                    ));
-                }
-                if dims.o_bias {
-                    v.push(tok("o_proj output before the trainable bias", h, B));
-                }
-                if dims.mlp_bias {
-                    v.push(tok("MLP outputs before the trainable biases", 2 * i + h, B));
-                }
+                bias_outputs(&mut v, dims, B);
             }
             if let Some(l) = lora.filter(|l| l.dropout) {
                 // The fused LoRA op keeps its dropout mask [rows, in] (f32).
@@ -235,19 +245,7 @@ pub fn layer_saved(dims: &ModelDims, kernels: Kernels, tuning: &Tuning) -> Vec<S
             v.push(tok("down_proj out (kept by the residual add)", h, B));
             v.push(tok("residual after the MLP (layer output)", h, B));
             if full {
-                if dims.qkv_bias {
-                    v.push(tok(
-                        "q/k/v outputs before the trainable bias",
-                        qd + 2 * kvd,
-                        B,
-                    ));
-                }
-                if dims.o_bias {
-                    v.push(tok("o_proj output before the trainable bias", h, B));
-                }
-                if dims.mlp_bias {
-                    v.push(tok("MLP outputs before the trainable biases", 2 * i + h, B));
-                }
+                bias_outputs(&mut v, dims, B);
             }
         }
     }
