@@ -28,7 +28,10 @@ fn main() -> candle_core::Result<()> {
         (480, 576, 1536),
         (480, 576, 576),
         (480, 1536, 576),
+        (8, 576, 192),
+        (8, 576, 576),
         (8, 576, 1536),
+        (8, 1536, 576),
         (8, 576, 49152),
     ] {
         let x = Tensor::randn(0f32, 1.0, (m, k), &dev)?;
@@ -99,5 +102,46 @@ fn main() -> candle_core::Result<()> {
             2.0 * *macs as f64 / t / 1e9
         );
     }
+    decode_step();
     Ok(())
+}
+
+/// The linear layers of one decoding step of SmolLM2-135M (30 layers + the tied head, 538 MB
+/// of f32 weights: more than the caches, so weights stream from memory) at batch 1 and 8.
+fn decode_step() {
+    let (h, kv, f, vocab, layers) = (576usize, 192usize, 1536usize, 49152usize, 30);
+    let mut shapes = Vec::new();
+    for _ in 0..layers {
+        shapes.extend([(h, h), (kv, h), (kv, h), (h, h), (f, h), (f, h), (h, f)]);
+    }
+    shapes.push((vocab, h));
+    let mut seed = 1u32;
+    let mut rnd = |len: usize| -> Vec<f32> {
+        (0..len)
+            .map(|_| {
+                seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (seed >> 9) as f32 / (1u32 << 23) as f32 - 0.5
+            })
+            .collect()
+    };
+    let weights: Vec<Vec<f32>> = shapes.iter().map(|&(n, k)| rnd(n * k)).collect();
+    let bytes: usize = shapes.iter().map(|&(n, k)| n * k * 4).sum();
+    for m in [1usize, 8] {
+        let x = rnd(m * f);
+        let mut out = vec![0f32; m * vocab];
+        let t = time(
+            || {
+                for (&(n, k), w) in shapes.iter().zip(&weights) {
+                    rlft_model::kernels::matmul_wt(&x, m, k, w, n, None, &mut out);
+                }
+            },
+            7,
+        );
+        println!(
+            "decode step m={m}: {:>6.2} ms, {:>5.1} GB/s of weights, {:>5.1} GFLOP/s",
+            t * 1e3,
+            bytes as f64 / t / 1e9,
+            2.0 * (m * bytes / 4) as f64 / t / 1e9
+        );
+    }
 }

@@ -166,12 +166,68 @@ struct Buffers {
     up: Vec<f32>,
 }
 
+/// Tokens at the start of every prompt that a shared prefill computes once: the longest common
+/// prefix, less at least one token of each prompt (its last position gives the prompt's logits).
+/// Zero for a single prompt.
+pub fn shared_prefix_len(prompts: &[Vec<u32>]) -> usize {
+    let Some((first, rest)) = prompts.split_first() else {
+        return 0;
+    };
+    if rest.is_empty() {
+        return 0;
+    }
+    let shortest = prompts.iter().map(Vec::len).min().unwrap_or(0);
+    let common = rest.iter().fold(first.len(), |l, p| {
+        first[..l].iter().zip(p).take_while(|(a, b)| a == b).count()
+    });
+    common.min(shortest.saturating_sub(1))
+}
+
+/// Prefills one cache per prompt (each with room for `extra` more positions after the longest
+/// prompt) and returns them with each prompt's next-token logits `[vocab]`. The tokens all
+/// prompts start with (chat template, system prompt, shared instructions: see
+/// [`shared_prefix_len`]) are computed once and their keys/values copied into every row, so
+/// only the differing tails run per prompt. Same result as prefilling each prompt alone, up to
+/// summation order.
+pub fn prefill(
+    model: &CausalLm,
+    prompts: &[Vec<u32>],
+    extra: usize,
+) -> Result<(Vec<RowCache>, Vec<Vec<f32>>)> {
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let capacity = longest + extra;
+    let shared = shared_prefix_len(prompts);
+    let mut caches = if shared > 0 {
+        let mut prefix = vec![RowCache::new(model, capacity)];
+        run(model, &mut prefix, &[prompts[0][..shared].to_vec()], false)?;
+        vec![prefix.remove(0); prompts.len()]
+    } else {
+        (0..prompts.len())
+            .map(|_| RowCache::new(model, capacity))
+            .collect()
+    };
+    let tails: Vec<Vec<u32>> = prompts.iter().map(|p| p[shared..].to_vec()).collect();
+    let logits = run(model, &mut caches, &tails, true)?;
+    Ok((caches, logits))
+}
+
 /// Appends `tokens[r]` to row `r` for every row and returns the logits `[vocab]` after the last
 /// appended token of each row. Rows with no tokens are not allowed.
 pub fn forward(
     model: &CausalLm,
     rows: &mut [RowCache],
     tokens: &[Vec<u32>],
+) -> Result<Vec<Vec<f32>>> {
+    run(model, rows, tokens, true)
+}
+
+/// [`forward`]; without `logits` it only fills the caches (no final norm or LM head) and
+/// returns no rows.
+fn run(
+    model: &CausalLm,
+    rows: &mut [RowCache],
+    tokens: &[Vec<u32>],
+    logits: bool,
 ) -> Result<Vec<Vec<f32>>> {
     let c = &model.config;
     let (h, nh, nkv, hd) = (
@@ -325,6 +381,9 @@ pub fn forward(
     for (row, t) in rows.iter_mut().zip(tokens) {
         row.len += t.len();
     }
+    if !logits {
+        return Ok(Vec::new());
+    }
     // Final norm and LM head only at each row's last new token.
     let mut last = Vec::with_capacity(rows.len() * h);
     let mut end = 0;
@@ -343,4 +402,58 @@ pub fn forward(
         matmul_wt(&normed, m, h, w, vocab, None, &mut logits)
     })?;
     Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Family;
+    use crate::tiny::{random_model, tiny_config};
+
+    #[test]
+    fn shared_prefix_keeps_a_token_of_each_prompt() {
+        let p = |v: &[u32]| v.to_vec();
+        assert_eq!(shared_prefix_len(&[]), 0);
+        assert_eq!(shared_prefix_len(&[p(&[1, 2, 3])]), 0);
+        assert_eq!(shared_prefix_len(&[p(&[1, 2, 3, 4]), p(&[1, 2, 3, 5])]), 3);
+        assert_eq!(shared_prefix_len(&[p(&[1, 2, 3]), p(&[1, 2, 3, 4])]), 2);
+        assert_eq!(shared_prefix_len(&[p(&[1, 2]), p(&[1, 2]), p(&[1, 2])]), 1);
+        assert_eq!(shared_prefix_len(&[p(&[1, 2]), p(&[2, 2])]), 0);
+        assert_eq!(
+            shared_prefix_len(&[p(&[1, 2, 3]), p(&[1, 2, 4]), p(&[1, 9])]),
+            1
+        );
+    }
+
+    #[test]
+    fn shared_prefill_equals_separate_prefills() {
+        let model = random_model(tiny_config(Family::Llama), 3, DType::F32, &Device::Cpu).unwrap();
+        let prompts = vec![
+            vec![5u32, 6, 7, 8, 9, 10, 11],
+            vec![5u32, 6, 7, 8, 20],
+            vec![5u32, 6, 7, 8, 9],
+        ];
+        let (mut shared, logits) = prefill(&model, &prompts, 3).unwrap();
+        assert!(shared.iter().zip(&prompts).all(|(c, p)| c.len() == p.len()));
+        for (i, p) in prompts.iter().enumerate() {
+            let mut alone = vec![RowCache::new(&model, shared[i].capacity)];
+            let want = forward(&model, &mut alone, std::slice::from_ref(p)).unwrap();
+            let d = want[0]
+                .iter()
+                .zip(&logits[i])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(d < 1e-4, "prompt {i}: logits differ by {d}");
+            // The caches continue the same way.
+            let next = vec![vec![3u32]];
+            let a = forward(&model, &mut alone, &next).unwrap();
+            let b = forward(&model, std::slice::from_mut(&mut shared[i]), &next).unwrap();
+            let d = a[0]
+                .iter()
+                .zip(&b[0])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(d < 1e-4, "prompt {i}: next-token logits differ by {d}");
+        }
+    }
 }

@@ -1,7 +1,9 @@
 //! Batched generation with an external KV cache.
 //!
 //! Prompts of different lengths are left-padded and prefilled once each; the `n` samples of a
-//! prompt then share that prefill (the cache rows are duplicated, not recomputed). Finished rows
+//! prompt then share that prefill (the cache rows are duplicated, not recomputed). On the fused
+//! CPU path the tokens every prompt starts with (chat template, system prompt) are prefilled
+//! once for the whole batch ([`decode_fast::prefill`]). Finished rows
 //! leave the batch, so no compute is spent on padding after a sequence stops. Every sequence has
 //! its own seeded PRNG stream `(seed, prompt, sample)`, so results do not depend on batch size.
 
@@ -133,13 +135,8 @@ pub fn generate_with(
         .flat_map(|p| std::iter::repeat_n(p as u32, req.n))
         .collect();
     let (mut decoder, first_logits) = if fused {
-        let mut caches: Vec<RowCache> = req
-            .prompts
-            .iter()
-            .map(|p| RowCache::new(model, p.len() + req.max_new_tokens))
-            .collect();
-        let logits = decode_fast::forward(model, &mut caches, &req.prompts)?;
-        let caches = expand.iter().map(|&p| caches[p as usize].clone()).collect();
+        let (caches, logits) = decode_fast::prefill(model, &req.prompts, req.max_new_tokens)?;
+        let caches: Vec<RowCache> = expand.iter().map(|&p| caches[p as usize].clone()).collect();
         (Decoder::Fast(caches), logits)
     } else {
         let mut cache = KvCache::new(model.layers.len(), capacity);

@@ -14,8 +14,18 @@ use crate::error::Result;
 /// Rows of `x` up to which [`matmul_wt_small`] is used instead of gemm.
 pub const SMALL_M: usize = 16;
 
-/// Output columns per parallel task.
-const COLS_PER_TASK: usize = 64;
+/// Output columns per parallel task: about 8 tasks per thread (so work stealing evens out a
+/// busy core), at least one register tile wide, at most 256 columns.
+fn cols_per_task(n: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let per = n.div_ceil(threads * 8);
+    per.div_ceil(TILE_COLS).clamp(1, 256 / TILE_COLS) * TILE_COLS
+}
+
+/// Weight rows (output columns) per register tile of the AVX2 kernel.
+const TILE_COLS: usize = 3;
+/// Rows of `x` per register tile of the AVX2 kernel.
+const TILE_ROWS: usize = 4;
 
 /// `x [m, k] @ w[n, k]^T (+ bias[n]) -> [m, n]` for small `m`, f32 on CPU.
 /// Returns `None` when the inputs are not CPU f32 contiguous (callers fall back to gemm).
@@ -64,11 +74,12 @@ pub fn matmul_wt(
     // Computed column block by column block, transposed ([n, m]) so tasks write disjoint
     // contiguous slices; transposed back at the end (m * n is small).
     let mut out_t = vec![0f32; n * m];
+    let per_task = cols_per_task(n);
     out_t
-        .par_chunks_mut(COLS_PER_TASK * m)
+        .par_chunks_mut(per_task * m)
         .enumerate()
         .for_each(|(blk, chunk)| {
-            let j0 = blk * COLS_PER_TASK;
+            let j0 = blk * per_task;
             let cols = chunk.len() / m;
             dot_block(x, m, k, &w[j0 * k..(j0 + cols) * k], chunk);
         });
@@ -123,35 +134,96 @@ mod avx2 {
         _mm_cvtss_f32(s)
     }
 
-    /// Up to 8 rows of `x` against one weight row at a time; 8 accumulators stay in registers.
+    use super::{TILE_COLS, TILE_ROWS};
+
+    /// How many tiles ahead the weight rows are prefetched: memory works on the next tiles
+    /// while the FMAs run on this one (without it, a decode step costs the time to read the
+    /// weights plus the time to compute on them).
+    const PREFETCH_TILES: usize = 2;
+
+    /// Register tiles of `TILE_ROWS` rows of `x` by `TILE_COLS` weight rows: each step loads
+    /// `TILE_COLS` weight vectors and `TILE_ROWS` x vectors for `TILE_ROWS * TILE_COLS` FMAs
+    /// (12 accumulators, 16 registers in all). A tile of weight rows is used against every
+    /// row group of `x` while it is in L1, so weights are read from memory once.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
-        let k8 = k / 8 * 8;
         let cols = w.len() / k;
-        let xp = x.as_ptr();
-        for j in 0..cols {
-            let wp = w.as_ptr().add(j * k);
-            let mut i0 = 0;
-            while i0 < m {
-                let rows = (m - i0).min(8);
-                let mut acc = [_mm256_setzero_ps(); 8];
-                let mut kk = 0;
-                while kk < k8 {
-                    let wv = _mm256_loadu_ps(wp.add(kk));
-                    for (r, a) in acc.iter_mut().enumerate().take(rows) {
-                        let xv = _mm256_loadu_ps(xp.add((i0 + r) * k + kk));
-                        *a = _mm256_fmadd_ps(xv, wv, *a);
-                    }
-                    kk += 8;
+        debug_assert!(x.len() >= m * k && out.len() >= cols * m);
+        let mut j = 0;
+        while j < cols {
+            let nc = (cols - j).min(TILE_COLS);
+            let mut i = 0;
+            while i < m {
+                let nr = (m - i).min(TILE_ROWS);
+                let (xp, wp) = (x.as_ptr().add(i * k), w.as_ptr().add(j * k));
+                let op = out.as_mut_ptr().add(j * m + i);
+                // The first row group prefetches the weight rows of a later tile.
+                let pf = if i == 0 {
+                    wp.wrapping_add(PREFETCH_TILES * TILE_COLS * k)
+                } else {
+                    std::ptr::null()
+                };
+                match (nr, nc) {
+                    (4, 3) => tile::<4, 3>(xp, wp, k, op, m, pf),
+                    (4, 2) => tile::<4, 2>(xp, wp, k, op, m, pf),
+                    (4, 1) => tile::<4, 1>(xp, wp, k, op, m, pf),
+                    (3, 3) => tile::<3, 3>(xp, wp, k, op, m, pf),
+                    (3, 2) => tile::<3, 2>(xp, wp, k, op, m, pf),
+                    (3, 1) => tile::<3, 1>(xp, wp, k, op, m, pf),
+                    (2, 3) => tile::<2, 3>(xp, wp, k, op, m, pf),
+                    (2, 2) => tile::<2, 2>(xp, wp, k, op, m, pf),
+                    (2, 1) => tile::<2, 1>(xp, wp, k, op, m, pf),
+                    (1, 3) => tile::<1, 3>(xp, wp, k, op, m, pf),
+                    (1, 2) => tile::<1, 2>(xp, wp, k, op, m, pf),
+                    _ => tile::<1, 1>(xp, wp, k, op, m, pf),
                 }
-                for (r, a) in acc.iter().enumerate().take(rows) {
-                    let mut s = hsum(*a);
-                    for t in k8..k {
-                        s += *xp.add((i0 + r) * k + t) * *wp.add(t);
-                    }
-                    out[j * m + i0 + r] = s;
+                i += nr;
+            }
+            j += nc;
+        }
+    }
+
+    /// `out[c * m + r] = dot(x_r, w_c)` for `R` rows of `x` (row stride `k`) and `C` weight
+    /// rows; each dot sums 8 lanes, then the `k % 8` tail in order.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn tile<const R: usize, const C: usize>(
+        xp: *const f32,
+        wp: *const f32,
+        k: usize,
+        out: *mut f32,
+        m: usize,
+        prefetch: *const f32,
+    ) {
+        let k8 = k / 8 * 8;
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        let mut kk = 0;
+        while kk < k8 {
+            if !prefetch.is_null() && kk % 16 == 0 {
+                for c in 0..TILE_COLS {
+                    let p = prefetch.wrapping_add(c * k + kk);
+                    _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
                 }
-                i0 += rows;
+            }
+            let mut wv = [_mm256_setzero_ps(); C];
+            for (c, v) in wv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(wp.add(c * k + kk));
+            }
+            for (r, row) in acc.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(xp.add(r * k + kk));
+                for (a, wc) in row.iter_mut().zip(&wv) {
+                    *a = _mm256_fmadd_ps(xv, *wc, *a);
+                }
+            }
+            kk += 8;
+        }
+        for (r, row) in acc.iter().enumerate() {
+            for (c, a) in row.iter().enumerate() {
+                let mut s = hsum(*a);
+                for t in k8..k {
+                    s += *xp.add(r * k + t) * *wp.add(c * k + t);
+                }
+                *out.add(c * m + r) = s;
             }
         }
     }
@@ -163,7 +235,15 @@ mod tests {
 
     #[test]
     fn small_matmul_matches_gemm() {
-        for (m, k, n) in [(1, 576, 100), (8, 64, 130), (5, 67, 3), (16, 128, 257)] {
+        for (m, k, n) in [
+            (1, 576, 100),
+            (8, 64, 130),
+            (5, 67, 3),
+            (16, 128, 257),
+            (7, 1536, 193),
+            (13, 35, 50),
+            (2, 8, 1),
+        ] {
             let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu).unwrap();
             let w = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu).unwrap();
             let b = Tensor::randn(0f32, 1.0, n, &Device::Cpu).unwrap();

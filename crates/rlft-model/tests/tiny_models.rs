@@ -398,13 +398,29 @@ fn bad_inputs_give_clear_errors() {
 #[test]
 fn fused_decode_equals_tensor_decode() {
     let none = |_: &[u32]| String::new();
-    for model in all_families() {
+    // Unrelated prompts; prompts with a common prefix (prefilled once on the fused path), one
+    // of them a prefix of another; a single prompt.
+    let batches = [
+        vec![
+            vec![5u32, 6, 7, 8, 9, 10, 11],
+            vec![10u32, 11],
+            vec![3u32; 4],
+        ],
+        vec![
+            vec![5u32, 6, 7, 8, 9, 10, 11],
+            vec![5u32, 6, 7, 8, 20],
+            vec![5u32, 6, 7, 8, 9],
+        ],
+        vec![vec![5u32, 6, 7], vec![5u32, 6, 7, 8, 9]],
+        vec![vec![7u32, 1, 9]],
+    ];
+    let models = all_families();
+    for (model, prompts) in models
+        .iter()
+        .flat_map(|m| batches.iter().map(move |b| (m, b.clone())))
+    {
         let req = GenerateRequest {
-            prompts: vec![
-                vec![5u32, 6, 7, 8, 9, 10, 11],
-                vec![10u32, 11],
-                vec![3u32; 4],
-            ],
+            prompts,
             n: 2,
             max_new_tokens: 12,
             sampling: SamplingParams::default(),
@@ -413,8 +429,9 @@ fn fused_decode_equals_tensor_decode() {
             stop_strings: vec![],
             pad_token_id: 2,
         };
-        let fused = rlft_model::generate::generate_with(&model, &req, &none, true).unwrap();
-        let tensor = rlft_model::generate::generate_with(&model, &req, &none, false).unwrap();
+        let fused = rlft_model::generate::generate_with(model, &req, &none, true).unwrap();
+        let tensor = rlft_model::generate::generate_with(model, &req, &none, false).unwrap();
+        assert_eq!(fused.len(), req.prompts.len() * req.n);
         for (a, b) in fused.iter().zip(&tensor) {
             assert_eq!(a.token_ids, b.token_ids, "{:?}", model.config.family);
             assert_eq!(a.finish_reason, b.finish_reason);
