@@ -130,15 +130,28 @@ fn linear(l: &crate::ops::Linear, x: &[f32], m: usize, out: &mut [f32]) -> Resul
 
 /// RMSNorm of each `width`-sized row: `out = w * x / sqrt(mean(x^2) + eps)`.
 fn rms_norm_rows(x: &[f32], w: &[f32], eps: f64, width: usize, out: &mut [f32]) {
-    x.par_chunks(width)
-        .zip(out.par_chunks_mut(width))
-        .for_each(|(xr, or)| {
-            let ms = dot(xr, xr) / width as f32;
-            let inv = 1.0 / (ms + eps as f32).sqrt();
-            for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
-                *o = g * (v * inv);
-            }
-        });
+    let norm = |(xr, or): (&[f32], &mut [f32])| {
+        let ms = dot(xr, xr) / width as f32;
+        let inv = 1.0 / (ms + eps as f32).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = g * (v * inv);
+        }
+    };
+    if serial(x.len()) {
+        x.chunks(width).zip(out.chunks_mut(width)).for_each(norm);
+    } else {
+        x.par_chunks(width)
+            .zip(out.par_chunks_mut(width))
+            .for_each(norm);
+    }
+}
+
+/// Whether work of about `elements` multiply-adds is done on the calling thread: below this
+/// size handing it to the thread pool (a wake-up, a hand-over, a sleep: ~10-50 us) costs more
+/// than the work. A decoding step has hundreds of such small steps (norms, activations,
+/// attention over short caches) between its matmuls.
+fn serial(elements: usize) -> bool {
+    elements < 1 << 16
 }
 
 /// Rotates each `d`-wide head of `x` (HF "rotate half" convention).
@@ -328,38 +341,41 @@ fn run(
         // Causal attention of each token over its row's keys 0..=position.
         let rows_ref: &[RowCache] = rows;
         let q = &b.q;
-        b.attn
-            .par_chunks_mut(nh * hd)
-            .enumerate()
-            .for_each(|(p, out)| {
-                let (r, i) = owner[p];
-                let row = &rows_ref[r];
-                let (cap, last) = (row.capacity, row.len + i);
-                let (kc, vc) = (&row.k[li], &row.v[li]);
-                let mut scores = vec![0f32; last + 1];
-                for head in 0..nh {
-                    let g = head / groups;
-                    let qv = &q[(p * nh + head) * hd..(p * nh + head + 1) * hd];
-                    let base = g * cap * hd;
-                    let mut max = f32::NEG_INFINITY;
-                    for (j, s) in scores.iter_mut().enumerate() {
-                        *s = dot(qv, &kc[base + j * hd..base + (j + 1) * hd]) * scale;
-                        max = max.max(*s);
-                    }
-                    let mut sum = 0f32;
-                    for s in scores.iter_mut() {
-                        *s = (*s - max).exp();
-                        sum += *s;
-                    }
-                    let o = &mut out[head * hd..(head + 1) * hd];
-                    o.fill(0.0);
-                    for (j, s) in scores.iter().enumerate() {
-                        let w = s / sum;
-                        let vv = &vc[base + j * hd..base + (j + 1) * hd];
-                        o.iter_mut().zip(vv).for_each(|(o, &x)| *o += w * x);
-                    }
+        let attend = |(p, out): (usize, &mut [f32])| {
+            let (r, i) = owner[p];
+            let row = &rows_ref[r];
+            let (cap, last) = (row.capacity, row.len + i);
+            let (kc, vc) = (&row.k[li], &row.v[li]);
+            let mut scores = vec![0f32; last + 1];
+            for head in 0..nh {
+                let g = head / groups;
+                let qv = &q[(p * nh + head) * hd..(p * nh + head + 1) * hd];
+                let base = g * cap * hd;
+                let mut max = f32::NEG_INFINITY;
+                for (j, s) in scores.iter_mut().enumerate() {
+                    *s = dot(qv, &kc[base + j * hd..base + (j + 1) * hd]) * scale;
+                    max = max.max(*s);
                 }
-            });
+                let mut sum = 0f32;
+                for s in scores.iter_mut() {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                }
+                let o = &mut out[head * hd..(head + 1) * hd];
+                o.fill(0.0);
+                for (j, s) in scores.iter().enumerate() {
+                    let w = s / sum;
+                    let vv = &vc[base + j * hd..base + (j + 1) * hd];
+                    o.iter_mut().zip(vv).for_each(|(o, &x)| *o += w * x);
+                }
+            }
+        };
+        let scores: usize = owner.iter().map(|&(r, i)| rows_ref[r].len + i + 1).sum();
+        if serial(scores * nh * 8) {
+            b.attn.chunks_mut(nh * hd).enumerate().for_each(attend);
+        } else {
+            b.attn.par_chunks_mut(nh * hd).enumerate().for_each(attend);
+        }
         linear(&a.o_proj, &b.attn, n, &mut b.o)?;
         b.x.iter_mut().zip(&b.o).for_each(|(x, o)| *x += o);
         with_f32(&layer.post_attention_layernorm, |w| {
@@ -367,14 +383,22 @@ fn run(
         })?;
         linear(&layer.mlp.gate_proj, &b.hs, n, &mut b.gate)?;
         linear(&layer.mlp.up_proj, &b.hs, n, &mut b.up)?;
-        b.gate
-            .par_chunks_mut(i_sz)
-            .zip(b.up.par_chunks(i_sz))
-            .for_each(|(g, u)| {
-                g.iter_mut()
-                    .zip(u)
-                    .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u)
-            });
+        let swiglu = |(g, u): (&mut [f32], &[f32])| {
+            g.iter_mut()
+                .zip(u)
+                .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u)
+        };
+        if serial(n * i_sz) {
+            b.gate
+                .chunks_mut(i_sz)
+                .zip(b.up.chunks(i_sz))
+                .for_each(swiglu);
+        } else {
+            b.gate
+                .par_chunks_mut(i_sz)
+                .zip(b.up.par_chunks(i_sz))
+                .for_each(swiglu);
+        }
         linear(&layer.mlp.down_proj, &b.gate, n, &mut b.o)?;
         b.x.iter_mut().zip(&b.o).for_each(|(x, o)| *x += o);
     }
