@@ -405,39 +405,52 @@ impl CausalLm {
         sin: &Tensor,
         grad: bool,
     ) -> Result<(Tensor, Tensor, Tensor)> {
+        let p = self.layer_proj(layer, x, grad)?;
+        self.layer_heads(layer, &p, cos, sin, grad)
+    }
+
+    /// Input norm and q/k/v projections of one layer over `x [b, t, hidden]`: the first half
+    /// of [`Self::layer_qkv`]. Rows are independent here, so callers may project rows of
+    /// several batches in one call and split the result ([`QkvProj::rows`]).
+    pub(crate) fn layer_proj(&self, layer: &Layer, x: &Tensor, grad: bool) -> Result<QkvProj> {
         let c = &self.config;
-        let (b, t, _) = x.dims3()?;
-        let hd = c.head_dim;
         let hs = ops::rms_norm(x, &layer.input_layernorm, c.rms_norm_eps, grad)?;
         let a = &layer.self_attn;
-        if a.q_norm.is_none() && ops::use_fused(&hs, grad) {
+        Ok(QkvProj {
+            fused: a.q_norm.is_none() && ops::use_fused(&hs, grad),
+            q: a.q_proj.forward_t(&hs, grad)?,
+            k: a.k_proj.forward_t(&hs, grad)?,
+            v: a.v_proj.forward_t(&hs, grad)?,
+        })
+    }
+
+    /// The second half of [`Self::layer_qkv`]: heads, q/k norms and rotation of projections
+    /// `[b, t, n * d]` with rotary tables `cos, sin [b, t, d / 2]`.
+    pub(crate) fn layer_heads(
+        &self,
+        layer: &Layer,
+        p: &QkvProj,
+        cos: &Tensor,
+        sin: &Tensor,
+        grad: bool,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let c = &self.config;
+        let (b, t, _) = p.q.dims3()?;
+        let hd = c.head_dim;
+        let a = &layer.self_attn;
+        let (nh, nkv) = (c.num_attention_heads, c.num_key_value_heads);
+        if p.fused {
             // Rotation straight from the projections' rows: no reshape/transpose nodes.
-            let (cos, sin) = (cos.to_dtype(hs.dtype())?, sin.to_dtype(hs.dtype())?);
-            let rot = |p: &Linear, n: usize| -> Result<Tensor> {
-                Ok(crate::fused::rope::rope_rows(
-                    &p.forward_t(&hs, grad)?,
-                    n,
-                    &cos,
-                    &sin,
-                )?)
-            };
-            let q = rot(&a.q_proj, c.num_attention_heads)?;
-            let k = rot(&a.k_proj, c.num_key_value_heads)?;
-            let v = a
-                .v_proj
-                .forward_t(&hs, grad)?
-                .reshape((b, t, c.num_key_value_heads, hd))?
-                .transpose(1, 2)?;
+            let (cos, sin) = (cos.to_dtype(p.q.dtype())?, sin.to_dtype(p.q.dtype())?);
+            let q = crate::fused::rope::rope_rows(&p.q, nh, &cos, &sin)?;
+            let k = crate::fused::rope::rope_rows(&p.k, nkv, &cos, &sin)?;
+            let v = p.v.reshape((b, t, nkv, hd))?.transpose(1, 2)?;
             return Ok((q, k, v));
         }
-        let heads = |p: &Linear, n: usize| -> Result<Tensor> {
-            Ok(p.forward_t(&hs, grad)?
-                .reshape((b, t, n, hd))?
-                .transpose(1, 2)?)
-        };
-        let mut q = heads(&a.q_proj, c.num_attention_heads)?;
-        let mut k = heads(&a.k_proj, c.num_key_value_heads)?;
-        let v = heads(&a.v_proj, c.num_key_value_heads)?;
+        let heads = |x: &Tensor, n: usize| x.reshape((b, t, n, hd))?.transpose(1, 2);
+        let mut q = heads(&p.q, nh)?;
+        let mut k = heads(&p.k, nkv)?;
+        let v = heads(&p.v, nkv)?;
         if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
             q = ops::rms_norm(&q, qn, c.rms_norm_eps, grad)?;
             k = ops::rms_norm(&k, kn, c.rms_norm_eps, grad)?;
@@ -475,12 +488,17 @@ impl CausalLm {
     /// Token embeddings and rotary tables of a batch: `(x [b, t, hidden], cos, sin)`.
     pub(crate) fn embed(&self, batch: &Batch) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, t) = batch.ids.dims2()?;
-        let (cos, sin) = ops::rope_tables(&self.inv_freq, &batch.positions)?;
+        let (cos, sin) = self.rope_tables(batch)?;
         let x = self
             .embed_tokens
             .index_select(&batch.ids.flatten_all()?, 0)?
             .reshape((b, t, self.config.hidden_size))?;
         Ok((x, cos, sin))
+    }
+
+    /// Rotary tables `cos, sin [b, t, d / 2]` at a batch's positions.
+    pub(crate) fn rope_tables(&self, batch: &Batch) -> Result<(Tensor, Tensor)> {
+        ops::rope_tables(&self.inv_freq, &batch.positions)
     }
 
     /// The final norm.
@@ -580,5 +598,31 @@ impl CausalLm {
             None
         };
         Ok((Tensor::cat(&parts, 0)?, ent))
+    }
+}
+
+/// The q/k/v projections of one layer, `[b, t, n * d]` each ([`CausalLm::layer_proj`]).
+#[derive(Debug, Clone)]
+pub(crate) struct QkvProj {
+    pub(crate) q: Tensor,
+    pub(crate) k: Tensor,
+    pub(crate) v: Tensor,
+    /// Whether the fused rotation kernel applies (no q/k norms, fused kernels enabled).
+    pub(crate) fused: bool,
+}
+
+impl QkvProj {
+    /// Rows `start..start + b * t` of projections over `[1, rows, _]`, as `[b, t, _]`.
+    pub(crate) fn rows(&self, start: usize, b: usize, t: usize) -> Result<QkvProj> {
+        let part = |x: &Tensor| -> Result<Tensor> {
+            let f = x.dim(2)?;
+            Ok(x.narrow(1, start, b * t)?.reshape((b, t, f))?)
+        };
+        Ok(QkvProj {
+            q: part(&self.q)?,
+            k: part(&self.k)?,
+            v: part(&self.v)?,
+            fused: self.fused,
+        })
     }
 }

@@ -97,25 +97,44 @@ impl CausalLm {
     /// The shared pass: returns the final-normed hidden states that predict each completion
     /// token, `[N, Tc, hidden]` (position 0 from the prompt's last position, the others from
     /// the completion pass). Differentiable when `grad`.
+    ///
+    /// Prompt rows and completion rows form one `[1, P * Tp + N * Ts, hidden]` stream: every
+    /// norm, projection and MLP runs once over all of them (one gemm per linear, and one
+    /// weight gradient, not two to add), and only attention splits them.
     pub fn forward_shared_prefix(&self, sb: &SharedPrefixBatch, grad: bool) -> Result<Tensor> {
-        let (xp, cos_p, sin_p) = self.embed(&sb.prefix)?;
-        let (xs, cos_s, sin_s) = self.embed(&sb.suffix)?;
-        let (mut xp, mut xs) = (xp, xs);
+        let (p, tp) = sb.prefix.ids.dims2()?;
+        let (n, ts) = sb.suffix.ids.dims2()?;
+        let (rp, rs) = (p * tp, n * ts);
+        let ids = Tensor::cat(
+            &[sb.prefix.ids.flatten_all()?, sb.suffix.ids.flatten_all()?],
+            0,
+        )?;
+        let mut x = self.embed_tokens.index_select(&ids, 0)?.unsqueeze(0)?;
+        let (cos_p, sin_p) = self.rope_tables(&sb.prefix)?;
+        let (cos_s, sin_s) = self.rope_tables(&sb.suffix)?;
         for layer in &self.layers {
-            let (qp, kp, vp) = self.layer_qkv(layer, &xp, &cos_p, &sin_p, grad)?;
-            let (qs, ks, vs) = self.layer_qkv(layer, &xs, &cos_s, &sin_s, grad)?;
+            let proj = self.layer_proj(layer, &x, grad)?;
+            let (qp, kp, vp) =
+                self.layer_heads(layer, &proj.rows(0, p, tp)?, &cos_p, &sin_p, grad)?;
+            let (qs, ks, vs) =
+                self.layer_heads(layer, &proj.rows(rp, n, ts)?, &cos_s, &sin_s, grad)?;
             let attn_p = crate::ops::attention_rows(&qp, &kp, &vp, &sb.prefix.bias, grad)?;
             // Each completion row sees its prompt's keys/values, then its own.
             let k = Tensor::cat(&[kp.contiguous()?.index_select(&sb.group, 0)?, ks], 2)?;
             let v = Tensor::cat(&[vp.contiguous()?.index_select(&sb.group, 0)?, vs], 2)?;
             let attn_s = crate::ops::attention_rows(&qs, &k, &v, &sb.suffix.bias, grad)?;
-            xp = self.layer_out(layer, xp, &attn_p, grad)?;
-            xs = self.layer_out(layer, xs, &attn_s, grad)?;
+            let f = attn_p.dim(2)?;
+            let attn = Tensor::cat(
+                &[attn_p.reshape((1, rp, f))?, attn_s.reshape((1, rs, f))?],
+                1,
+            )?;
+            x = self.layer_out(layer, x, &attn, grad)?;
         }
-        let hp = self.final_norm(&xp, grad)?;
-        let hs = self.final_norm(&xs, grad)?;
-        let tp = hp.dim(1)?;
-        let last = hp
+        let hidden = self.final_norm(&x, grad)?;
+        let h = hidden.dim(2)?;
+        let last = hidden
+            .narrow(1, 0, rp)?
+            .reshape((p, tp, h))?
             .narrow(1, tp - 1, 1)?
             .contiguous()?
             .index_select(&sb.group, 0)?;
@@ -123,6 +142,7 @@ impl CausalLm {
         if tc == 1 {
             return Ok(last);
         }
+        let hs = hidden.narrow(1, rp, rs)?.reshape((n, ts, h))?;
         Ok(Tensor::cat(&[last, hs.narrow(1, 0, tc - 1)?], 1)?)
     }
 }

@@ -9,7 +9,8 @@
 //!   B exactly, whatever the sequence lengths;
 //! - plain sum: weight 1.
 //!
-//! On the CPU the first micro-batch is copied (scaled) in one parallel pass and later ones are
+//! On the CPU the first micro-batch is copied (scaled) in one parallel pass, or taken as it is
+//! when the caller hands over the store ([`GradAccumulator::add_owned`]), and later ones are
 //! added in place (`sum += w * g`), so no gradient but the sums stays alive between
 //! micro-batches.
 
@@ -97,6 +98,28 @@ impl GradAccumulator {
         Ok(())
     }
 
+    /// [`Self::add`] taking the store: on the first micro-batch, f32 CPU gradients at weight 1
+    /// become the sums as they are, with no copy (the sums of a 135M-parameter model are
+    /// 540 MB: the copy cost a pass over them and their pages on every step). Later
+    /// micro-batches, other weights and other dtypes are added as [`Self::add`] does.
+    ///
+    /// The store's tensors must not share their storage with tensors used elsewhere: true of
+    /// a store just returned by `backward` (each gradient there is a fresh tensor), not of one
+    /// built from clones of live tensors.
+    pub fn add_owned(&mut self, mut grads: GradStore, weight: f64) -> Result<()> {
+        if weight == 1.0 && self.sums.iter().all(Option::is_none) {
+            for (var, sum) in self.vars.iter().zip(self.sums.iter_mut()) {
+                let owned = grads
+                    .get(var.as_tensor())
+                    .is_some_and(|g| g.dims() == var.dims() && owns_f32_storage(g));
+                if owned {
+                    *sum = grads.remove(var.as_tensor());
+                }
+            }
+        }
+        self.add(&grads, weight)
+    }
+
     /// Adds one of `accumulation_steps` micro-batches whose losses are averaged (weight
     /// `1 / accumulation_steps`).
     pub fn add_mean(&mut self, grads: &GradStore, accumulation_steps: usize) -> Result<()> {
@@ -140,6 +163,24 @@ impl GradAccumulator {
         }
         self.micro_batches = 0;
         out
+    }
+}
+
+/// Whether `g` is a contiguous f32 CPU tensor spanning its whole storage (not a view into a
+/// larger buffer), so it can serve as an accumulation sum and be updated in place.
+fn owns_f32_storage(g: &Tensor) -> bool {
+    if !(g.device().is_cpu() && g.dtype() == DType::F32 && g.is_contiguous()) {
+        return false;
+    }
+    let (s, l) = g.storage_and_layout();
+    match &*s {
+        Storage::Cpu(cs) => {
+            l.start_offset() == 0
+                && cs
+                    .as_slice::<f32>()
+                    .is_ok_and(|v| v.len() == g.elem_count())
+        }
+        _ => false,
     }
 }
 

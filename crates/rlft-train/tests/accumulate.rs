@@ -126,6 +126,51 @@ fn token_weighted_micro_batches_of_unequal_size_equal_the_full_batch() {
 }
 
 #[test]
+fn owned_stores_accumulate_like_borrowed_ones() {
+    let (lin, vars) = model();
+    let parts = [0..1, 1..3, 3..4];
+    let mut borrowed = GradAccumulator::new(vars.clone());
+    let mut owned = GradAccumulator::new(vars.clone());
+    for r in parts.clone() {
+        let n = r.len();
+        borrowed
+            .add(&grads(&lin, r.clone()), n as f64 / 4.0)
+            .unwrap();
+        owned.add_owned(grads(&lin, r), n as f64 / 4.0).unwrap();
+    }
+    let full = grads(&lin, 0..4);
+    assert_close(&borrowed.finish(), &full, &vars, "borrowed");
+    assert_close(&owned.finish(), &full, &vars, "owned, weighted");
+    // Weight 1: the first store's tensors become the sums and later ones add into them.
+    let mut owned = GradAccumulator::new(vars.clone());
+    let mut borrowed = GradAccumulator::new(vars.clone());
+    for r in parts {
+        owned.add_owned(grads(&lin, r.clone()), 1.0).unwrap();
+        borrowed.add(&grads(&lin, r), 1.0).unwrap();
+    }
+    assert_eq!(owned.micro_batches(), 3);
+    assert_close(
+        &owned.finish(),
+        &borrowed.finish(),
+        &vars,
+        "owned, weight 1",
+    );
+    // A view into a larger buffer is copied, never used as a sum.
+    let big = Tensor::ones((2, 3 * IN * OUT), DType::F32, &Device::Cpu).unwrap();
+    let mut store = GradStore::default();
+    for v in &vars {
+        let n = v.elem_count();
+        let view = big.narrow(1, 0, n).unwrap().get(1).unwrap();
+        store.insert(v.as_tensor(), view.reshape(v.dims()).unwrap());
+    }
+    let mut acc = GradAccumulator::new(vars.clone());
+    acc.add_owned(store, 1.0).unwrap();
+    acc.add_owned(grads(&lin, 0..1), 1.0).unwrap();
+    drop(acc.finish());
+    assert!(values(&big).iter().all(|&x| x == 1.0));
+}
+
+#[test]
 fn accumulation_never_writes_into_the_callers_gradients() {
     let (lin, vars) = model();
     let (g0, g1) = (grads(&lin, 0..1), grads(&lin, 1..2));

@@ -311,7 +311,7 @@ impl Loop<'_> {
             }
             tokens += sb.num_tokens;
             let grads = rlft_model::trainable::backward(&out.loss, &self.p.vars)?;
-            acc.add(&grads, 1.0)?;
+            acc.add_owned(grads, 1.0)?;
         }
         let mut grads = acc.finish();
         let lr = self.sched.lr_at(

@@ -162,7 +162,7 @@ impl Loop<'_> {
             loss_sum += loss.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?;
             tokens += mb.num_tokens;
             let grads: GradStore = rlft_model::trainable::backward(&loss, &self.p.vars)?;
-            acc.add(&grads, 1.0)?;
+            acc.add_owned(grads, 1.0)?;
         }
         let mut grads = acc.finish();
         let lr = self
