@@ -9,7 +9,7 @@
 //! | `eval` | GRPO eval generation: the LoRA-merged rollout copy, KV caches of 16 prompts |
 //! | `generate` | the rollout copy, KV caches of every completion of a rollout |
 //! | `score` | a no-grad log-prob pass (GRPO reference / old policy, SFT eval loss) |
-//! | `update` | gradients (the micro-batch's and the accumulated sums), one micro-batch's activations |
+//! | `update` | gradients (the micro-batch's and the accumulated sums; one set with a single f32 micro-batch), one micro-batch's activations |
 //! | `checkpoint` | a copy of the optimizer state, each tensor's write buffers |
 //! | `export` | the final model: the LoRA-merged copy, the write buffer (bf16: an f32 copy) |
 //!
@@ -631,7 +631,8 @@ pub fn generation(
 /// `P` = parameters, `T` = trainable parameters, `w` = 4 (f32) or 2 (bf16) bytes:
 /// - weights `P x w`; LoRA adapters `T x 4` (f32 whatever the base);
 /// - AdamW `2 x T x 4`; bf16 full fine-tuning also an f32 master copy `T x 4`;
-/// - gradients `T x w` (a micro-batch's) + `T x 4` (the accumulated sums, f32);
+/// - gradients `T x w` (a micro-batch's) + `T x 4` (the accumulated sums, f32); with one
+///   micro-batch of f32 gradients only `T x 4` (they become the sums);
 /// - GRPO full fine-tuning with `beta > 0`: a reference copy `P x w`; SFT full fine-tuning keeps
 ///   the loaded weights beside the trainable copies (`P x w`);
 /// - LoRA rollout/eval/export: the merged copy of the adapted weights;
@@ -756,16 +757,28 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
         &AFTER_LOAD,
     );
     let grad_bytes = if full { w } else { 4 };
+    // f32 gradients of a single micro-batch become the sums as they are (no copy).
+    let (grads, grads_detail) = if run.accumulation == 1 && grad_bytes == 4 {
+        (
+            f32_state,
+            format!("one micro-batch: its grads {} x f32 are the sums", count(t)),
+        )
+    } else {
+        (
+            tensors(&trainable_elems, grad_bytes) + f32_state,
+            format!(
+                "micro-batch grads {} x {} + accumulated sums {} x f32",
+                count(t),
+                if full { dtype } else { "f32" },
+                count(t)
+            ),
+        )
+    };
     add(
         "gradients",
         "gradients".into(),
-        tensors(&trainable_elems, grad_bytes) + f32_state,
-        format!(
-            "micro-batch grads {} x {} + accumulated sums {} x f32",
-            count(t),
-            if full { dtype } else { "f32" },
-            count(t)
-        ),
+        grads,
+        grads_detail,
         &[Phase::Update],
     );
     match (&run.workload, full) {

@@ -149,7 +149,12 @@ fn sft_lora_components_by_hand() {
     assert_eq!(p.bytes("weights"), params * 4);
     assert_eq!(p.bytes("trainable"), t * 4);
     assert_eq!(p.bytes("optimizer"), 2 * t * 4);
-    assert_eq!(p.bytes("gradients"), t * 4 + t * 4);
+    // One f32 micro-batch: its gradients are the sums; with accumulation, a second set.
+    assert_eq!(p.bytes("gradients"), t * 4);
+    let mut accumulated = sft(lora_qv(), 2, 9);
+    accumulated.accumulation = 2;
+    let a = estimate(&d, &accumulated, &ENV).unwrap();
+    assert_eq!(a.bytes("gradients"), t * 4 + t * 4);
     assert!(p.component("reference").is_none());
     // Loading: the 1000-byte file plus the 512 x 64 embedding in f32.
     assert_eq!(p.bytes("load_buffers"), 1_000 + 32_768 * 4);
@@ -168,12 +173,12 @@ fn sft_lora_components_by_hand() {
     let base = 1_000_000 + params * 4 + t * 4;
     let phase = |ph: Phase| p.phase(ph).unwrap().live_bytes;
     assert_eq!(phase(Phase::Load), base + 1_000 + 32_768 * 4);
-    assert_eq!(phase(Phase::Update), base + 2 * t * 4 + 2 * t * 4 + acts);
+    assert_eq!(phase(Phase::Update), base + 2 * t * 4 + t * 4 + acts);
     assert_eq!(
         phase(Phase::Export),
         base + 2 * t * 4 + 12_288 * 4 + 3 * 4096 * 4 + 32_768 * 4
     );
-    // The update is the largest phase (by 14 KiB over the export here). No buffer reaches the
+    // The update is the largest phase (by 7 KiB over the export here). No buffer reaches the
     // mmap threshold, so every phase after loading sits at the heap's high-water mark, the
     // largest phase total.
     assert_eq!(p.peak_phase, Phase::Update);
@@ -197,7 +202,7 @@ fn full_fine_tuning_keeps_copies() {
     assert_eq!(p.bytes("trainable"), 0);
     assert_eq!(p.bytes("reference"), params * 4);
     assert_eq!(p.bytes("optimizer"), 2 * params * 4);
-    assert_eq!(p.bytes("gradients"), 2 * params * 4);
+    assert_eq!(p.bytes("gradients"), params * 4);
     // Loading holds the original and the copies at once.
     assert_eq!(p.bytes("load_buffers"), params * 4);
     // bf16: weights and gradients halve, AdamW adds an f32 master copy.
