@@ -103,7 +103,94 @@ fn main() -> candle_core::Result<()> {
         );
     }
     decode_step();
+    split_vs_gemm_threads();
     Ok(())
+}
+
+/// `dst [m, n] = a [m, k] @ w [n, k]^T`, the columns split into two halves, each half a
+/// single-threaded gemm on its own thread.
+fn gemm_split2(m: usize, n: usize, k: usize, dst: &mut [f32], a: &[f32], w: &[f32]) {
+    let half = n / 2;
+    let (d, a, w) = (
+        dst.as_mut_ptr() as usize,
+        a.as_ptr() as usize,
+        w.as_ptr() as usize,
+    );
+    let part = |j0: usize, nj: usize| unsafe {
+        gemm::gemm(
+            m,
+            nj,
+            k,
+            (d as *mut f32).add(j0),
+            1,
+            n as isize,
+            false,
+            a as *const f32,
+            1,
+            k as isize,
+            (w as *const f32).add(j0 * k),
+            k as isize,
+            1,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    };
+    rayon::join(|| part(0, half), || part(half, n - half));
+}
+
+fn gemm_rayon(m: usize, n: usize, k: usize, dst: &mut [f32], a: &[f32], w: &[f32]) {
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(2),
+        )
+    }
+}
+
+/// gemm's own two-thread split against two single-threaded halves.
+fn split_vs_gemm_threads() {
+    for (m, k, n) in [
+        (1016, 576, 1536),
+        (1016, 1536, 576),
+        (1016, 576, 576),
+        (376, 576, 1536),
+        (1016, 576, 49152),
+    ] {
+        let a: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| (i % 7) as f32 * 0.1).collect();
+        let mut d = vec![0f32; m * n];
+        let flops = 2.0 * (m * k * n) as f64;
+        for _ in 0..3 {
+            let r = time(|| gemm_rayon(m, n, k, &mut d, &a, &w), 9);
+            let s = time(|| gemm_split2(m, n, k, &mut d, &a, &w), 9);
+            println!(
+                "{m:>4}x{k:>4}x{n:>6}  gemm Rayon(2) {:>6.1} GFLOP/s | two halves {:>6.1} GFLOP/s",
+                flops / r / 1e9,
+                flops / s / 1e9
+            );
+        }
+    }
 }
 
 /// The linear layers of one decoding step of SmolLM2-135M (30 layers + the tied head, 538 MB
