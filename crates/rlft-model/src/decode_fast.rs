@@ -341,7 +341,7 @@ fn run(
         // Causal attention of each token over its row's keys 0..=position.
         let rows_ref: &[RowCache] = rows;
         let q = &b.q;
-        let attend = |(p, out): (usize, &mut [f32])| {
+        let attend_token = |p: usize, out: &mut [f32]| {
             let (r, i) = owner[p];
             let row = &rows_ref[r];
             let (cap, last) = (row.capacity, row.len + i);
@@ -370,8 +370,11 @@ fn run(
                 }
             }
         };
+        // The inner loops compiled for AVX2 + FMA where the CPU has them.
+        let attend = |(p, out): (usize, &mut [f32])| crate::fused::simd(|| attend_token(p, out));
         let scores: usize = owner.iter().map(|&(r, i)| rows_ref[r].len + i + 1).sum();
-        if serial(scores * nh * 8) {
+        // Multiply-adds: q.k and the weighted sum of values over every (token, head, key).
+        if serial(scores * nh * hd * 2) {
             b.attn.chunks_mut(nh * hd).enumerate().for_each(attend);
         } else {
             b.attn.par_chunks_mut(nh * hd).enumerate().for_each(attend);
