@@ -489,11 +489,15 @@ impl CausalLm {
     pub(crate) fn embed(&self, batch: &Batch) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, t) = batch.ids.dims2()?;
         let (cos, sin) = self.rope_tables(batch)?;
-        let x = self
-            .embed_tokens
-            .index_select(&batch.ids.flatten_all()?, 0)?
-            .reshape((b, t, self.config.hidden_size))?;
+        let x =
+            self.embed_ids(&batch.ids.flatten_all()?)?
+                .reshape((b, t, self.config.hidden_size))?;
         Ok((x, cos, sin))
+    }
+
+    /// Token embeddings of flat ids `[n]` (u32) -> `[n, hidden]`.
+    pub(crate) fn embed_ids(&self, ids: &Tensor) -> Result<Tensor> {
+        Ok(self.embed_tokens.index_select(ids, 0)?)
     }
 
     /// Rotary tables `cos, sin [b, t, d / 2]` at a batch's positions.

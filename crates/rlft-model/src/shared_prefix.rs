@@ -109,7 +109,7 @@ impl CausalLm {
             &[sb.prefix.ids.flatten_all()?, sb.suffix.ids.flatten_all()?],
             0,
         )?;
-        let mut x = self.embed_tokens.index_select(&ids, 0)?.unsqueeze(0)?;
+        let mut x = self.embed_ids(&ids)?.unsqueeze(0)?;
         let (cos_p, sin_p) = self.rope_tables(&sb.prefix)?;
         let (cos_s, sin_s) = self.rope_tables(&sb.suffix)?;
         for layer in &self.layers {
