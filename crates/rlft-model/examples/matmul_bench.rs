@@ -107,62 +107,72 @@ fn main() -> candle_core::Result<()> {
     Ok(())
 }
 
+/// Columns `j0..j0 + nj` of `dst [m, n] = a [m, k] @ w [n, k]^T` on `par`.
+/// SAFETY (caller): `dst`, `a`, `w` hold `m * n`, `m * k`, `n * k` floats and `j0 + nj <= n`;
+/// calls running at once write disjoint column ranges.
+unsafe fn gemm_cols(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut f32,
+    a: *const f32,
+    w: *const f32,
+    (j0, nj): (usize, usize),
+    par: gemm::Parallelism,
+) {
+    gemm::gemm(
+        m,
+        nj,
+        k,
+        dst.add(j0),
+        1,
+        n as isize,
+        false,
+        a,
+        1,
+        k as isize,
+        w.add(j0 * k),
+        k as isize,
+        1,
+        1.0,
+        1.0,
+        false,
+        false,
+        false,
+        par,
+    )
+}
+
 /// `dst [m, n] = a [m, k] @ w [n, k]^T`, the columns split into two halves, each half a
 /// single-threaded gemm on its own thread.
 fn gemm_split2(m: usize, n: usize, k: usize, dst: &mut [f32], a: &[f32], w: &[f32]) {
     let half = n / 2;
+    // Addresses, so the closures can be sent to the other thread.
     let (d, a, w) = (
         dst.as_mut_ptr() as usize,
         a.as_ptr() as usize,
         w.as_ptr() as usize,
     );
-    let part = |j0: usize, nj: usize| unsafe {
-        gemm::gemm(
-            m,
-            nj,
-            k,
-            (d as *mut f32).add(j0),
-            1,
-            n as isize,
-            false,
+    let part = |cols: (usize, usize)| unsafe {
+        gemm_cols(
+            (m, n, k),
+            d as *mut f32,
             a as *const f32,
-            1,
-            k as isize,
-            (w as *const f32).add(j0 * k),
-            k as isize,
-            1,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
+            w as *const f32,
+            cols,
             gemm::Parallelism::None,
         )
     };
-    rayon::join(|| part(0, half), || part(half, n - half));
+    rayon::join(|| part((0, half)), || part((half, n - half)));
 }
 
+/// The same product with gemm's own two-thread split.
 fn gemm_rayon(m: usize, n: usize, k: usize, dst: &mut [f32], a: &[f32], w: &[f32]) {
     unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
+        gemm_cols(
+            (m, n, k),
             dst.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
             a.as_ptr(),
-            1,
-            k as isize,
             w.as_ptr(),
-            k as isize,
-            1,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
+            (0, n),
             gemm::Parallelism::Rayon(2),
         )
     }
