@@ -66,7 +66,8 @@ enum Command {
 
 fn main() {
     rlft_model::runtime::tune();
-    if let Err(e) = run(Cli::parse()) {
+    let cli = Cli::parse();
+    if let Err(e) = rlft_model::runtime::in_pool(|| run(cli)) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

@@ -177,6 +177,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let env = Environment {
         baseline_bytes: own + RUNTIME_BYTES,
         source_file_bytes: meta.largest_file_bytes,
+        decode_block_bytes: meta.decode_block_bytes,
     };
     let plan = estimate(&dims, &run, &env)?;
     let available = match a.available_mib {

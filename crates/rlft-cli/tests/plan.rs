@@ -89,10 +89,28 @@ pattern = "[a-z]"
 
 #[test]
 fn predicted_peak_is_within_15_percent_of_a_run() {
+    let plain = check_prediction(&[]);
+    // Activation checkpointing: fewer activations predicted, and the prediction still holds.
+    let ckpt = check_prediction(&["--set", "gradient_checkpointing=true"]);
+    assert!(
+        ckpt < 0.5 * plain,
+        "activations {ckpt:.1} vs {plain:.1} MiB"
+    );
+}
+
+/// Plans and runs the test config with `sets`; checks the prediction, returns the predicted
+/// activations (MiB).
+fn check_prediction(sets: &[&str]) -> f64 {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = config(tmp.path());
     let cfg_s = cfg.to_str().unwrap();
-    let plan: Value = serde_json::from_str(&ok(&rlft(&["plan", "--config", cfg_s, "--json"])))
+    let with =
+        |args: &[&str]| -> Vec<String> { args.iter().chain(sets).map(|s| s.to_string()).collect() };
+    let rlft_with = |args: &[&str]| {
+        let v = with(args);
+        rlft(&v.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let plan: Value = serde_json::from_str(&ok(&rlft_with(&["plan", "--config", cfg_s, "--json"])))
         .expect("plan JSON");
     assert_eq!(plan["trainer"], "grpo");
     let mib = |b: &Value| b.as_u64().unwrap() as f64 / (1u64 << 20) as f64;
@@ -112,7 +130,7 @@ fn predicted_peak_is_within_15_percent_of_a_run() {
     assert_eq!(plan["lengths"]["source"], "dataset");
     // The text output has the same total, up to the process baseline, which each invocation
     // measures from its own RSS (they differ by a fraction of a MiB).
-    let text = ok(&rlft(&["plan", "--config", cfg_s]));
+    let text = ok(&rlft_with(&["plan", "--config", cfg_s]));
     let number_after = |prefix: &str| -> f64 {
         let line = text
             .lines()
@@ -133,7 +151,7 @@ fn predicted_peak_is_within_15_percent_of_a_run() {
         "{want:.1} MiB wanted: {text}"
     );
 
-    ok(&rlft(&["grpo", "--config", cfg_s]));
+    ok(&rlft_with(&["grpo", "--config", cfg_s]));
     let summary: Value = serde_json::from_str(
         &std::fs::read_to_string(tmp.path().join("out/run_summary.json")).unwrap(),
     )
@@ -141,8 +159,8 @@ fn predicted_peak_is_within_15_percent_of_a_run() {
     let measured = summary["peak_rss_mib"].as_f64().unwrap();
     let err = (predicted - measured) / measured;
     eprintln!(
-        "predicted {predicted:.0} MiB (baseline {baseline:.0}), measured {measured:.0} MiB: \
-         {:+.1}%",
+        "{sets:?}: predicted {predicted:.0} MiB (baseline {baseline:.0}), measured \
+         {measured:.0} MiB: {:+.1}%",
         err * 100.0
     );
     assert!(
@@ -163,6 +181,7 @@ fn predicted_peak_is_within_15_percent_of_a_run() {
         measured - baseline,
         over * 100.0
     );
+    bytes("activations")
 }
 
 #[test]

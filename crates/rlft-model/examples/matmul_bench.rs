@@ -7,6 +7,9 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 
+use rlft_gguf::GgmlType;
+use rlft_model::quant::QuantWeight;
+
 fn time<F: FnMut()>(mut f: F, reps: usize) -> f64 {
     f();
     let mut ts: Vec<f64> = (0..reps)
@@ -21,6 +24,11 @@ fn time<F: FnMut()>(mut f: F, reps: usize) -> f64 {
 }
 
 fn main() -> candle_core::Result<()> {
+    if std::env::args().any(|a| a == "decode") {
+        // Only the decode step, on a pool worker as the rlft binary runs it.
+        rlft_model::runtime::in_pool(decode_step);
+        return Ok(());
+    }
     let dev = Device::Cpu;
     for (m, k, n) in [
         (1016, 576, 1536),
@@ -223,22 +231,65 @@ fn decode_step() {
     };
     let weights: Vec<Vec<f32>> = shapes.iter().map(|&(n, k)| rnd(n * k)).collect();
     let bytes: usize = shapes.iter().map(|&(n, k)| n * k * 4).sum();
+    // The same step from GGUF blocks (Q4_1 linears, Q8_0 head, as the default model's file):
+    // random blocks, dequantised per tile ([`rlft_model::quant::QuantWeight::matmul_wt`]).
+    let mut byte = 7u32;
+    let quant: Vec<QuantWeight> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, &(n, k))| {
+            let (ty, size) = if i + 1 == shapes.len() {
+                (GgmlType::Q8_0, 34)
+            } else {
+                (GgmlType::Q4_1, 20)
+            };
+            let data: Vec<u8> = (0..n * k / 32 * size)
+                .map(|j| {
+                    byte = byte.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    // Small f16 scales (0x2000-ish), random quants.
+                    if j % size < 4 && j % 2 == 1 {
+                        0x20
+                    } else {
+                        (byte >> 24) as u8
+                    }
+                })
+                .collect();
+            QuantWeight::from_gguf(ty, n, k, &data).expect("block sizes")
+        })
+        .collect();
+    let qbytes: usize = quant.iter().map(QuantWeight::size_in_bytes).sum();
     for m in [1usize, 8] {
         let x = rnd(m * f);
         let mut out = vec![0f32; m * vocab];
-        let t = time(
-            || {
-                for (&(n, k), w) in shapes.iter().zip(&weights) {
-                    rlft_model::kernels::matmul_wt(&x, m, k, w, n, None, &mut out);
-                }
-            },
-            7,
-        );
-        println!(
-            "decode step m={m}: {:>6.2} ms, {:>5.1} GB/s of weights, {:>5.1} GFLOP/s",
-            t * 1e3,
-            bytes as f64 / t / 1e9,
-            2.0 * (m * bytes / 4) as f64 / t / 1e9
-        );
+        // Interleaved, so both variants see the same machine state.
+        let (mut tf, mut tq) = (Vec::new(), Vec::new());
+        for _ in 0..7 {
+            tf.push(time(
+                || {
+                    for (&(n, k), w) in shapes.iter().zip(&weights) {
+                        rlft_model::kernels::matmul_wt(&x, m, k, w, n, None, &mut out);
+                    }
+                },
+                1,
+            ));
+            tq.push(time(
+                || {
+                    for q in &quant {
+                        q.matmul_wt(&x, m, &mut out);
+                    }
+                },
+                1,
+            ));
+        }
+        for (name, ts, b) in [("f32", &mut tf, bytes), ("blocks", &mut tq, qbytes)] {
+            ts.sort_by(f64::total_cmp);
+            let t = ts[ts.len() / 2];
+            println!(
+                "decode step m={m} {name:>6}: {:>6.2} ms, {:>5.1} GB/s of weights, {:>5.1} GFLOP/s",
+                t * 1e3,
+                b as f64 / t / 1e9,
+                2.0 * (m * bytes / 4) as f64 / t / 1e9
+            );
+        }
     }
 }

@@ -48,12 +48,14 @@ impl RowCache {
     }
 }
 
-/// Whether the fused path applies to this model (f32 weights on the CPU, no enabled LoRA
-/// adapter: the fused path reads base weights only).
+/// Whether the fused path applies to this model: f32 weights (and LoRA adapters) on the CPU.
 pub fn supported(model: &CausalLm) -> bool {
-    matches!(model.device(), Device::Cpu)
-        && model.dtype() == DType::F32
-        && !model.has_active_adapters()
+    let f32_cpu = |t: &Tensor| matches!(t.device(), Device::Cpu) && t.dtype() == DType::F32;
+    f32_cpu(&model.embed_tokens)
+        && model.linears().iter().all(|(_, l)| {
+            l.active_lora()
+                .is_none_or(|a| f32_cpu(&a.a) && f32_cpu(&a.b))
+        })
 }
 
 /// Runs `f` on the f32 contents of a contiguous CPU tensor.
@@ -114,18 +116,49 @@ fn matmul(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
     }
 }
 
-/// `out = x @ W^T (+ b)` for a [`crate::ops::Linear`] over `m` packed rows.
+/// `out = x @ W^T (+ b) (+ s * x @ A^T @ B^T)` for a [`crate::ops::Linear`] over `m` packed
+/// rows: the base product from the GGUF blocks while they mirror the weight and `m` is small,
+/// from the f32 weight otherwise; the enabled LoRA adapter's update without dropout.
 fn linear(l: &crate::ops::Linear, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
     let (n, k) = l.weight.dims2()?;
-    with_f32(&l.weight, |w| matmul(x, m, k, w, n, &mut out[..m * n]))?;
+    let out = &mut out[..m * n];
+    match &l.quant {
+        Some(q) if m <= SMALL_M && q.mirrors(&l.weight) => q.matmul_wt(x, m, out),
+        _ => with_f32(&l.weight, |w| matmul(x, m, k, w, n, out))?,
+    }
     if let Some(b) = &l.bias {
         with_f32(b, |b| {
-            out[..m * n]
-                .par_chunks_mut(n)
+            out.par_chunks_mut(n)
                 .for_each(|row| row.iter_mut().zip(b).for_each(|(o, b)| *o += b))
         })?;
     }
+    if let Some(lora) = l.active_lora() {
+        let r = lora.a.dim(0)?;
+        let mut xa = vec![0f32; m * r];
+        with_f32(&lora.a, |a| low_rank_matmul(x, m, k, a, r, &mut xa))?;
+        let s = lora.scaling as f32;
+        xa.iter_mut().for_each(|v| *v *= s);
+        let mut delta = vec![0f32; m * n];
+        with_f32(&lora.b, |b| low_rank_matmul(&xa, m, r, b, n, &mut delta))?;
+        out.iter_mut().zip(&delta).for_each(|(o, d)| *o += d);
+    }
     Ok(())
+}
+
+/// [`matmul`] for the small products of a LoRA update: on the calling thread when the
+/// product is small (a decode step has 2 per linear layer; dispatching each to the pool costs
+/// more than computing it).
+fn low_rank_matmul(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
+    if m * n * k >= 1 << 20 {
+        return matmul(x, m, k, w, n, out);
+    }
+    let mut out_t = vec![0f32; n * m];
+    crate::kernels::dot_block(x, m, k, w, &mut out_t);
+    for (j, col) in out_t.chunks_exact(m).enumerate() {
+        for (i, v) in col.iter().enumerate() {
+            out[i * n + j] = *v;
+        }
+    }
 }
 
 /// RMSNorm of each `width`-sized row: `out = w * x / sqrt(mean(x^2) + eps)`.
@@ -425,7 +458,12 @@ fn run(
     })?;
     let vocab = c.vocab_size;
     let mut logits = vec![0f32; m * vocab];
-    with_f32(model.lm_head_weight(), |w| {
+    let head = model.lm_head_weight();
+    if let Some(q) = model.head_quant.as_ref().filter(|q| q.mirrors(head)) {
+        q.matmul_wt(&normed, m, &mut logits);
+        return Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect());
+    }
+    with_f32(head, |w| {
         matmul_wt(&normed, m, h, w, vocab, None, &mut logits)
     })?;
     Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())

@@ -5,6 +5,7 @@
 //! transformers' `modeling_llama.py`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use candle_core::{DType, Device, Tensor, D};
 
@@ -12,6 +13,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::ops::{self, Linear};
+use crate::quant::QuantWeight;
 
 /// One attention block.
 #[derive(Debug, Clone)]
@@ -67,6 +69,8 @@ pub struct CausalLm {
     pub norm: Tensor,
     /// `lm_head.weight [vocab, hidden]`; `None` when tied to the embeddings.
     pub lm_head: Option<Tensor>,
+    /// The GGUF blocks of the LM head matrix ([`Self::lm_head_weight`]), for decoding.
+    pub head_quant: Option<Arc<QuantWeight>>,
     inv_freq: Tensor,
 }
 
@@ -213,8 +217,95 @@ impl CausalLm {
             layers,
             norm,
             lm_head,
+            head_quant: None,
             inv_freq,
         })
+    }
+
+    /// Keeps the GGUF blocks of weights (HF names, `<module>.weight`) beside their f32 tensors
+    /// for the decode path, bound to the tensors the layers hold now ([`QuantWeight::bind`]).
+    /// Blocks whose shape does not match their weight, or that name no linear layer or the LM
+    /// head, are ignored. Returns how many were attached.
+    pub fn attach_quantized(&mut self, mut blocks: HashMap<String, QuantWeight>) -> usize {
+        let mut n = 0;
+        let mut fits = |q: QuantWeight, w: &Tensor| {
+            (w.dims() == [q.dims().0, q.dims().1]).then(|| {
+                n += 1;
+                Arc::new(q.bind(w))
+            })
+        };
+        let head = if self.lm_head.is_some() {
+            "lm_head.weight"
+        } else {
+            "model.embed_tokens.weight"
+        };
+        if let Some(q) = blocks.remove(head) {
+            let w = self.lm_head_weight().clone();
+            self.head_quant = fits(q, &w);
+        }
+        for (name, lin) in self.linears_mut() {
+            if let Some(q) = blocks.remove(&format!("{name}.weight")) {
+                lin.quant = fits(q, &lin.weight);
+            }
+        }
+        n
+    }
+
+    /// Drops the GGUF blocks that no longer mirror their weight (made trainable, merged,
+    /// replaced), freeing their memory.
+    pub fn drop_stale_quantized(&mut self) {
+        let head = self.lm_head_weight().clone();
+        if self.head_quant.as_ref().is_some_and(|q| !q.mirrors(&head)) {
+            self.head_quant = None;
+        }
+        for (_, lin) in self.linears_mut() {
+            if lin.quant.as_ref().is_some_and(|q| !q.mirrors(&lin.weight)) {
+                lin.quant = None;
+            }
+        }
+    }
+
+    /// Drops every GGUF block kept for decoding (for models that never decode: a trainer's
+    /// reference copy, SFT).
+    pub fn drop_quantized(&mut self) {
+        self.head_quant = None;
+        for (_, lin) in self.linears_mut() {
+            lin.quant = None;
+        }
+    }
+
+    /// Per layer, the LoRA dropout draw counters of its adapters (for
+    /// [`crate::checkpoint`]'s replay).
+    pub(crate) fn dropout_counters(&self) -> Vec<Vec<Arc<std::sync::atomic::AtomicU64>>> {
+        self.layers
+            .iter()
+            .map(|l| {
+                let a = &l.self_attn;
+                let m = &l.mlp;
+                [
+                    &a.q_proj,
+                    &a.k_proj,
+                    &a.v_proj,
+                    &a.o_proj,
+                    &m.gate_proj,
+                    &m.up_proj,
+                    &m.down_proj,
+                ]
+                .iter()
+                .filter_map(|lin| lin.lora.as_ref().map(|l| l.draws.clone()))
+                .collect()
+            })
+            .collect()
+    }
+
+    /// Bytes held by GGUF blocks kept for decoding ([`Self::attach_quantized`]).
+    pub fn quantized_bytes(&self) -> usize {
+        let lin: usize = self
+            .linears()
+            .iter()
+            .filter_map(|(_, l)| l.quant.as_ref().map(|q| q.size_in_bytes()))
+            .sum();
+        lin + self.head_quant.as_ref().map_or(0, |q| q.size_in_bytes())
     }
 
     /// Device of the weights.
@@ -383,6 +474,19 @@ impl CausalLm {
             }
         }
         let (mut x, cos, sin) = self.embed(batch)?;
+        if grad && cache.is_none() && crate::checkpoint::active() {
+            let m = self.clone();
+            let bias = batch.bias.clone();
+            let step: crate::checkpoint::LayerFn = std::rc::Rc::new(move |li, x| {
+                let layer = &m.layers[li];
+                let (q, k, v) = m.layer_qkv(layer, x, &cos, &sin, true)?;
+                let attn = ops::attention_rows(&q, &k, &v, &bias, true)?;
+                m.layer_out(layer, x.clone(), &attn, true)
+            });
+            let n = self.layers.len();
+            let x = crate::checkpoint::run_layers(x, n, self.dropout_counters(), step)?;
+            return self.final_norm(&x, grad);
+        }
         for (li, layer) in self.layers.iter().enumerate() {
             let (q, k, v) = self.layer_qkv(layer, &x, &cos, &sin, grad)?;
             let (k, v) = match cache.as_deref_mut() {

@@ -12,6 +12,7 @@ use rlft_gguf::{GgufFile, Value};
 use crate::config::{Family, ModelConfig, RopeConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::generation_config::GenerationConfig;
+use crate::quant::QuantWeight;
 
 /// Maps a llama.cpp tensor name to its HF name (`None` for tensors that are not weights).
 pub fn hf_name(gguf_name: &str) -> Option<String> {
@@ -196,6 +197,75 @@ pub fn load_gguf_weights(
             }
         }
         out.insert(name, t.to_dtype(dtype)?.to_device(device)?);
+    }
+    Ok(out)
+}
+
+/// Whether the decode path reads weight `name` of `shape`: linear weights and the LM head (or
+/// the embedding it is tied to).
+fn decodes_from_blocks(name: &str, shape: &[usize]) -> bool {
+    let used = name.ends_with("_proj.weight")
+        || name == "lm_head.weight"
+        || name == "model.embed_tokens.weight";
+    used && shape.len() == 2
+}
+
+/// Bytes [`load_gguf_quantized`] keeps for the file's tensors (from the header alone).
+pub fn decode_block_bytes(g: &GgufFile) -> u64 {
+    g.tensors()
+        .iter()
+        .filter_map(|info| {
+            let name = hf_name(&info.name)?;
+            let shape = info.shape();
+            if !decodes_from_blocks(&name, &shape) {
+                return None;
+            }
+            QuantWeight::bytes_for(info.ggml_type, shape[0], shape[1]).map(|b| b as u64)
+        })
+        .sum()
+}
+
+/// The blocks of the model's linear weights and LM head that have a decode kernel (Q4_1,
+/// Q8_0), by HF name and in HF row order, for [`CausalLm::attach_quantized`](crate::decoder::CausalLm::attach_quantized).
+pub fn load_gguf_quantized(
+    g: &GgufFile,
+    cfg: &ModelConfig,
+) -> Result<HashMap<String, QuantWeight>> {
+    let mut out = HashMap::new();
+    for info in g.tensors() {
+        let Some(name) = hf_name(&info.name) else {
+            continue;
+        };
+        let shape = info.shape();
+        if !decodes_from_blocks(&name, &shape) {
+            continue;
+        }
+        let data = g.tensor_data(&info.name)?;
+        let Some(mut q) = QuantWeight::from_gguf(info.ggml_type, shape[0], shape[1], data) else {
+            continue;
+        };
+        if cfg.family == Family::Llama {
+            let heads = if name.contains("q_proj") {
+                Some(cfg.num_attention_heads)
+            } else if name.contains("k_proj") {
+                Some(cfg.num_key_value_heads)
+            } else {
+                None
+            };
+            if let Some(heads) = heads {
+                // The permutation the f32 weights went through, applied to row indices.
+                let idx: Vec<f32> = (0..shape[0]).map(|i| i as f32).collect();
+                let idx = Tensor::from_vec(idx, (shape[0], 1), &Device::Cpu)?;
+                let perm: Vec<usize> = unpermute_rows(&idx, heads)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?
+                    .into_iter()
+                    .map(|v| v as usize)
+                    .collect();
+                q = q.permute_rows(&perm);
+            }
+        }
+        out.insert(name, q);
     }
     Ok(out)
 }

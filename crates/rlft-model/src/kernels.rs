@@ -16,14 +16,14 @@ pub const SMALL_M: usize = 16;
 
 /// Output columns per parallel task: about 8 tasks per thread (so work stealing evens out a
 /// busy core), at least one register tile wide, at most 256 columns.
-fn cols_per_task(n: usize) -> usize {
+pub(crate) fn cols_per_task(n: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let per = n.div_ceil(threads * 8);
     per.div_ceil(TILE_COLS).clamp(1, 256 / TILE_COLS) * TILE_COLS
 }
 
 /// Weight rows (output columns) per register tile of the AVX2 kernel.
-const TILE_COLS: usize = 3;
+pub(crate) const TILE_COLS: usize = 3;
 /// Rows of `x` per register tile of the AVX2 kernel.
 const TILE_ROWS: usize = 4;
 
@@ -99,7 +99,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// For each weight row `j` in `w [cols, k]`: `out[j * m + i] = dot(x_i, w_j)`.
-fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
+pub(crate) fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {

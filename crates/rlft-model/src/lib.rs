@@ -22,6 +22,7 @@
 
 pub mod alloc;
 pub mod bench;
+pub mod checkpoint;
 pub mod config;
 pub mod decode_fast;
 pub mod decoder;
@@ -37,6 +38,7 @@ pub mod load;
 pub mod lora;
 pub mod ops;
 pub mod peft;
+pub mod quant;
 pub mod runtime;
 pub mod safetensors_io;
 pub mod sampling;

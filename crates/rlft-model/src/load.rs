@@ -146,6 +146,9 @@ pub struct ModelMetadata {
     /// Bytes [`load_model`] holds at once while it reads the weights: the whole GGUF file, or
     /// the largest safetensors file of a directory.
     pub largest_file_bytes: u64,
+    /// Bytes of GGUF blocks an f32 CPU load keeps beside the weights for decoding
+    /// ([`crate::quant`]); 0 for HF directories.
+    pub decode_block_bytes: u64,
 }
 
 /// Reads a model's config, tokenizer and generation defaults without loading its weights (see
@@ -176,6 +179,7 @@ pub fn load_metadata(path: impl AsRef<Path>) -> Result<ModelMetadata> {
             source: path.to_path_buf(),
             kind: SourceKind::HfDir,
             largest_file_bytes,
+            decode_block_bytes: 0,
         });
     }
     let mut g = GgufFile::open_header(path)?;
@@ -199,6 +203,7 @@ pub fn load_metadata(path: impl AsRef<Path>) -> Result<ModelMetadata> {
         source: path.to_path_buf(),
         kind: SourceKind::Gguf,
         largest_file_bytes: size(path),
+        decode_block_bytes: gguf_load::decode_block_bytes(&g),
     })
 }
 
@@ -268,7 +273,11 @@ fn load_gguf(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
             .or_insert(0usize) += 1;
     }
     let weights = gguf_load::load_gguf_weights(&g, &config, opts.dtype, &opts.device)?;
-    let model = CausalLm::from_weights(config, weights)?;
+    let mut model = CausalLm::from_weights(config, weights)?;
+    if opts.dtype == DType::F32 && matches!(opts.device, Device::Cpu) {
+        // Frozen weights decode from their blocks (5-8.5 bits per weight instead of 32).
+        model.attach_quantized(gguf_load::load_gguf_quantized(&g, &model.config)?);
+    }
     let template = g
         .metadata()
         .get("tokenizer.chat_template")

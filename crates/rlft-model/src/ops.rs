@@ -32,6 +32,9 @@ pub struct Linear {
     pub bias: Option<Tensor>,
     /// A LoRA adapter added to the output when enabled (see [`crate::lora`]).
     pub lora: Option<LoraAdapter>,
+    /// The GGUF blocks `weight` was dequantised from, read by the decode path while they
+    /// still mirror `weight` (see [`crate::quant`]).
+    pub quant: Option<std::sync::Arc<crate::quant::QuantWeight>>,
 }
 
 impl Linear {
@@ -41,6 +44,7 @@ impl Linear {
             weight,
             bias,
             lora: None,
+            quant: None,
         }
     }
 

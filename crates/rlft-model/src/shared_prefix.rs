@@ -110,25 +110,24 @@ impl CausalLm {
             0,
         )?;
         let mut x = self.embed_ids(&ids)?.unsqueeze(0)?;
-        let (cos_p, sin_p) = self.rope_tables(&sb.prefix)?;
-        let (cos_s, sin_s) = self.rope_tables(&sb.suffix)?;
-        for layer in &self.layers {
-            let proj = self.layer_proj(layer, &x, grad)?;
-            let (qp, kp, vp) =
-                self.layer_heads(layer, &proj.rows(0, p, tp)?, &cos_p, &sin_p, grad)?;
-            let (qs, ks, vs) =
-                self.layer_heads(layer, &proj.rows(rp, n, ts)?, &cos_s, &sin_s, grad)?;
-            let attn_p = crate::ops::attention_rows(&qp, &kp, &vp, &sb.prefix.bias, grad)?;
-            // Each completion row sees its prompt's keys/values, then its own.
-            let k = Tensor::cat(&[kp.contiguous()?.index_select(&sb.group, 0)?, ks], 2)?;
-            let v = Tensor::cat(&[vp.contiguous()?.index_select(&sb.group, 0)?, vs], 2)?;
-            let attn_s = crate::ops::attention_rows(&qs, &k, &v, &sb.suffix.bias, grad)?;
-            let f = attn_p.dim(2)?;
-            let attn = Tensor::cat(
-                &[attn_p.reshape((1, rp, f))?, attn_s.reshape((1, rs, f))?],
-                1,
-            )?;
-            x = self.layer_out(layer, x, &attn, grad)?;
+        let ctx = StreamContext {
+            rope_p: self.rope_tables(&sb.prefix)?,
+            rope_s: self.rope_tables(&sb.suffix)?,
+            bias_p: sb.prefix.bias.clone(),
+            bias_s: sb.suffix.bias.clone(),
+            group: sb.group.clone(),
+            shape: (p, tp, n, ts),
+        };
+        if grad && crate::checkpoint::active() {
+            let m = self.clone();
+            let step: crate::checkpoint::LayerFn =
+                std::rc::Rc::new(move |li, x| m.stream_layer(&m.layers[li], x.clone(), &ctx, true));
+            let n_layers = self.layers.len();
+            x = crate::checkpoint::run_layers(x, n_layers, self.dropout_counters(), step)?;
+        } else {
+            for layer in &self.layers {
+                x = self.stream_layer(layer, x, &ctx, grad)?;
+            }
         }
         let hidden = self.final_norm(&x, grad)?;
         let h = hidden.dim(2)?;
@@ -144,6 +143,50 @@ impl CausalLm {
         }
         let hs = hidden.narrow(1, rp, rs)?.reshape((n, ts, h))?;
         Ok(Tensor::cat(&[last, hs.narrow(1, 0, tc - 1)?], 1)?)
+    }
+}
+
+/// What every layer of the shared stream needs besides its input.
+struct StreamContext {
+    /// Rotary tables of the prompt and completion rows.
+    rope_p: (Tensor, Tensor),
+    rope_s: (Tensor, Tensor),
+    /// Attention biases of the prompt and completion rows.
+    bias_p: Tensor,
+    bias_s: Tensor,
+    /// `[N]` prompt row of each completion.
+    group: Tensor,
+    /// `(P, Tp, N, Ts)`.
+    shape: (usize, usize, usize, usize),
+}
+
+impl CausalLm {
+    /// One layer over the `[1, P * Tp + N * Ts, hidden]` stream.
+    fn stream_layer(
+        &self,
+        layer: &crate::decoder::Layer,
+        x: Tensor,
+        c: &StreamContext,
+        grad: bool,
+    ) -> Result<Tensor> {
+        let (p, tp, n, ts) = c.shape;
+        let rp = p * tp;
+        let proj = self.layer_proj(layer, &x, grad)?;
+        let (cos_p, sin_p) = &c.rope_p;
+        let (cos_s, sin_s) = &c.rope_s;
+        let (qp, kp, vp) = self.layer_heads(layer, &proj.rows(0, p, tp)?, cos_p, sin_p, grad)?;
+        let (qs, ks, vs) = self.layer_heads(layer, &proj.rows(rp, n, ts)?, cos_s, sin_s, grad)?;
+        let attn_p = crate::ops::attention_rows(&qp, &kp, &vp, &c.bias_p, grad)?;
+        // Each completion row sees its prompt's keys/values, then its own.
+        let k = Tensor::cat(&[kp.contiguous()?.index_select(&c.group, 0)?, ks], 2)?;
+        let v = Tensor::cat(&[vp.contiguous()?.index_select(&c.group, 0)?, vs], 2)?;
+        let attn_s = crate::ops::attention_rows(&qs, &k, &v, &c.bias_s, grad)?;
+        let f = attn_p.dim(2)?;
+        let attn = Tensor::cat(
+            &[attn_p.reshape((1, rp, f))?, attn_s.reshape((1, n * ts, f))?],
+            1,
+        )?;
+        self.layer_out(layer, x, &attn, grad)
     }
 }
 

@@ -49,6 +49,8 @@ pub fn make_trainable(
         *w = var.as_tensor().clone();
         out.push((name, var));
     }
+    // Weights that will move no longer match their GGUF blocks.
+    model.drop_stale_quantized();
     if out.is_empty() {
         return Err(ModelError::Invalid(
             "no weight matches the trainable-weights filter: check the names against \

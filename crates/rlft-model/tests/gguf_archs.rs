@@ -297,6 +297,36 @@ fn q8_reference(cfg: &ModelConfig, weights: &HashMap<String, Tensor>) -> CausalL
     CausalLm::from_weights(cfg.clone(), w).unwrap()
 }
 
+/// Fused decoding of `a` and `b` samples the same tokens with log-probs within 1e-4.
+fn assert_same_decoding(a: &CausalLm, b: &CausalLm, what: &str) {
+    use rlft_model::generate::generate_with;
+    use rlft_model::{GenerateRequest, SamplingParams};
+    let none = |_: &[u32]| String::new();
+    let req = GenerateRequest {
+        prompts: vec![
+            vec![5u32, 6, 7, 8, 9, 10],
+            vec![5u32, 6, 7, 300],
+            vec![41u32],
+        ],
+        n: 2,
+        max_new_tokens: 12,
+        sampling: SamplingParams::default(),
+        seed: 7,
+        eos_token_ids: vec![],
+        stop_strings: vec![],
+        pad_token_id: 2,
+    };
+    let (x, y) = (
+        generate_with(a, &req, &none, true).unwrap(),
+        generate_with(b, &req, &none, true).unwrap(),
+    );
+    for (x, y) in x.iter().zip(&y) {
+        assert_eq!(x.token_ids, y.token_ids, "{what}");
+        let d = max_diff(&x.logprobs, &y.logprobs);
+        assert!(d < 1e-4, "{what}: log-probs differ by {d}");
+    }
+}
+
 /// Per-position next-token log-probs of one unpadded row.
 fn logprobs(model: &CausalLm, ids: &[u32]) -> Vec<f32> {
     let batch = Batch::left_padded(&[ids.to_vec()], &[0], 0, 0, &Device::Cpu).unwrap();
@@ -392,6 +422,11 @@ fn gguf_of_every_arch_loads_like_the_hf_model() {
                 meta.largest_file_bytes,
                 std::fs::metadata(path).unwrap().len()
             );
+            assert_eq!(
+                meta.decode_block_bytes,
+                loaded.model.quantized_bytes() as u64,
+                "{name}: blocks predicted from the header"
+            );
         }
 
         // Config: identical to the HF one, except that llama's rope scaling arrives as
@@ -430,6 +465,26 @@ fn gguf_of_every_arch_loads_like_the_hf_model() {
             "{:?}",
             q8_model.source_dtypes
         );
+
+        // The Q8_0 blocks stay beside the f32 weights for decoding (every linear and the LM
+        // head; none for the F32 file), and decoding from them gives what the f32 weights give.
+        assert!(q8_model.model.head_quant.is_some(), "{name}");
+        let lins = q8_model.model.linears();
+        assert!(lins.iter().all(|(_, l)| l.quant.is_some()), "{name}");
+        assert_eq!(f32_model.model.quantized_bytes(), 0, "{name}");
+        let mut unquantised = q8_model.model.clone();
+        unquantised.head_quant = None;
+        for (_, l) in unquantised.linears_mut() {
+            l.quant = None;
+        }
+        assert_same_decoding(&q8_model.model, &unquantised, name);
+        // Weights made trainable no longer decode from (or keep) their blocks.
+        let mut trained = q8_model.model.clone();
+        rlft_model::trainable::make_trainable(&mut trained, |n| n.contains("mlp.")).unwrap();
+        let trained_lins = trained.linears();
+        for (n, l) in &trained_lins {
+            assert_eq!(l.quant.is_some(), !n.contains("mlp."), "{name}: {n}");
+        }
 
         // Tokenizer, chat template and eos.
         for loaded in [&f32_model, &q8_model] {

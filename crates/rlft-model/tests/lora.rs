@@ -221,8 +221,9 @@ fn fresh_adapter_and_disabled_adapters_give_base_logits() {
             &adapted,
             &format!("{family:?}: re-enabled"),
         );
-        // The fused decode path reads base weights only: it must refuse enabled adapters.
-        assert!(!rlft_model::decode_fast::supported(&m));
+        // The fused decode path adds enabled adapters itself (checked against the tensor path in
+        // `fused_decode_with_adapters_equals_tensor_and_merged_decode`).
+        assert!(rlft_model::decode_fast::supported(&m));
         assert!(rlft_model::decode_fast::supported(&reference));
         assert!(rlft_model::decode_fast::supported(&base));
     }
@@ -712,6 +713,53 @@ fn kv_cache_decoding_with_adapters_equals_full_recompute() {
                 .fold(0f32, f32::max);
             assert!(d < 1e-4, "{family:?} position {p}: {d}");
         }
+    }
+}
+
+#[test]
+fn fused_decode_with_adapters_equals_tensor_and_merged_decode() {
+    use rlft_model::generate::generate_with;
+    use rlft_model::{GenerateRequest, SamplingParams};
+    let none = |_: &[u32]| String::new();
+    for family in FAMILIES {
+        let mut m = model(family, DType::F32);
+        attach_lora(&mut m, &lora_cfg(&["all-linear"], 5)).unwrap();
+        assert!(rlft_model::decode_fast::supported(&m), "{family:?}");
+        let req = GenerateRequest {
+            prompts: vec![
+                vec![5u32, 6, 7, 8, 9],
+                vec![5u32, 6, 7, 30],
+                vec![40u32, 2, 9],
+            ],
+            n: 2,
+            max_new_tokens: 10,
+            sampling: SamplingParams::default(),
+            seed: 3,
+            eos_token_ids: vec![],
+            stop_strings: vec![],
+            pad_token_id: 2,
+        };
+        let fused = generate_with(&m, &req, &none, true).unwrap();
+        let tensor = generate_with(&m, &req, &none, false).unwrap();
+        let mut merged = m.clone();
+        merge_lora(&mut merged).unwrap();
+        let merged = generate_with(&merged, &req, &none, true).unwrap();
+        let mut base = m.clone();
+        remove_lora(&mut base);
+        let base = generate_with(&base, &req, &none, true).unwrap();
+        let mut differs_from_base = false;
+        for ((a, b), (c, d)) in fused.iter().zip(&tensor).zip(merged.iter().zip(&base)) {
+            assert_eq!(a.token_ids, b.token_ids, "{family:?}: fused vs tensor");
+            assert_eq!(a.token_ids, c.token_ids, "{family:?}: fused vs merged");
+            for (x, y) in a.logprobs.iter().zip(&b.logprobs) {
+                assert!((x - y).abs() < 1e-4, "{family:?}: {x} vs {y}");
+            }
+            differs_from_base |= a.logprobs != d.logprobs;
+        }
+        assert!(
+            differs_from_base,
+            "{family:?}: the adapters must change the output"
+        );
     }
 }
 

@@ -302,6 +302,29 @@ fn shared_prompt_pass_equals_plain_rows() {
 }
 
 #[test]
+fn gradient_checkpointing_equals_keeping_activations() {
+    // Shared prompt stream and plain rows; full fine-tuning with a KL term.
+    for extra in ["beta = 0.04", "beta = 0.04\nshare_prompts = false"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, wa) = run(&config(dir.path(), extra), &RunOptions::default());
+        let dir2 = tempfile::tempdir().unwrap();
+        let ckpt = format!("{extra}\ngradient_checkpointing = true");
+        let (b, wb) = run(&config(dir2.path(), &ckpt), &RunOptions::default());
+        for step in 0..3 {
+            for key in ["loss", "kl", "grad_norm"] {
+                let (x, y) = (metric(&b, step, key), metric(&a, step, key));
+                assert!(
+                    (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                    "{extra}: {key} step {step}: {x} vs {y}"
+                );
+            }
+        }
+        let d = max_diff(&wa, &wb);
+        assert!(d < 1e-4, "{extra}: weights differ by {d}");
+    }
+}
+
+#[test]
 fn bf16_weights_train_with_f32_loss_maths() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), "bf16 = true\nbeta = 0.04");

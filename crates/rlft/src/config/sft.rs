@@ -109,6 +109,10 @@ pub struct SftConfig {
     pub seed: u64,
     /// bf16 weights/activations with f32 master weights (f32 stays the default on CPU).
     pub bf16: bool,
+    /// Keep only each decoder layer's input during the training forward and recompute the
+    /// layer in the backward (transformers' `gradient_checkpointing`): much less activation
+    /// memory for about one more forward pass of compute. `rlft plan` shows the saving.
+    pub gradient_checkpointing: bool,
     /// Train LoRA adapters instead of all weights.
     pub use_peft: bool,
     /// LoRA settings (used when use_peft).
@@ -151,6 +155,7 @@ impl Default for SftConfig {
             save_total_limit: 0,
             seed: 42,
             bf16: false,
+            gradient_checkpointing: false,
             use_peft: false,
             lora: LoraSettings::default(),
             report_to: vec!["jsonl".into(), "tensorboard".into()],
@@ -191,6 +196,7 @@ pub const SFT_KEYS: &[&str] = &[
     "save_total_limit",
     "seed",
     "bf16",
+    "gradient_checkpointing",
     "use_peft",
     "lora",
     "report_to",

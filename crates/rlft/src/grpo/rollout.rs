@@ -45,12 +45,16 @@ pub struct RolloutSettings {
     pub pad_token_id: u32,
 }
 
-/// The model generation runs on: `policy` itself, or a copy with its adapters merged (no
+/// The model generation runs on: a detached view of `policy` (weights shared, no graph). Its
+/// adapters stay separate where the fused CPU decoder applies (it adds the low-rank update
+/// itself and keeps reading a GGUF base from its blocks); elsewhere they are merged (no
 /// weights copied except the adapted ones).
 pub fn rollout_model(policy: &CausalLm) -> Result<CausalLm> {
     let mut m = rlft_model::trainable::detached(policy);
     if m.has_active_adapters() {
-        rlft_model::lora::merge_lora(&mut m)?;
+        if !rlft_model::decode_fast::supported(&m) {
+            rlft_model::lora::merge_lora(&mut m)?;
+        }
     } else if m.has_adapters() {
         rlft_model::lora::remove_lora(&mut m);
     }

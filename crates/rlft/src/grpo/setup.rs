@@ -122,7 +122,12 @@ pub fn prepare(cfg: &GrpoConfig, model_path: &Path, device: &Device) -> Result<P
         train_setup::trainable(&mut model, cfg.use_peft, &cfg.lora, cfg.seed, &cfg.model)?;
     // Full fine-tuning: the trainable copy owns new storage, so `base` stays the initial
     // weights; keep it only when the KL term needs it.
-    let reference = (cfg.beta > 0.0 && lora.is_none()).then_some(base);
+    let reference = (cfg.beta > 0.0 && lora.is_none()).then(|| {
+        // The reference only scores: its GGUF blocks would be dead weight.
+        let mut r = base;
+        r.drop_quantized();
+        r
+    });
     let ds = load_dataset(&cfg.dataset, Some(&cfg.dataset_split))?;
     if ds.is_empty() {
         return Err(GrpoError::Data(format!(

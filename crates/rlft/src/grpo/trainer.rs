@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use candle_core::{Tensor, Var};
+use rlft_model::checkpoint::Checkpointing;
 use rlft_model::sampling::SamplingParams;
 use rlft_train::checkpoint::{
     latest_checkpoint, load_checkpoint, Checkpoint, CheckpointManager, DataPosition, RlftState,
@@ -245,6 +246,10 @@ impl Loop<'_> {
                 temperature: cfg.temperature,
                 share_prompts: cfg.share_prompts,
             };
+            let session = cfg
+                .gradient_checkpointing
+                .then(Checkpointing::begin)
+                .transpose()?;
             let sb = score_batch(&self.p.model, &self.p.train, &refs, o)?;
             let tc = sb.mask.dim(1)?;
             let row_keep: Vec<f32> = mb.iter().map(|&i| f32::from(u8::from(keep(i)))).collect();
@@ -310,7 +315,10 @@ impl Loop<'_> {
                 }
             }
             tokens += sb.num_tokens;
-            let grads = rlft_model::trainable::backward(&out.loss, &self.p.vars)?;
+            let grads = match session {
+                Some(s) => s.backward(&out.loss, &self.p.vars)?,
+                None => rlft_model::trainable::backward(&out.loss, &self.p.vars)?,
+            };
             acc.add_owned(grads, 1.0)?;
         }
         let mut grads = acc.finish();

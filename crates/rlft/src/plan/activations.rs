@@ -387,6 +387,9 @@ pub struct MicroBatch<'a> {
     pub shared_prompt: Option<(usize, usize)>,
     /// Hidden rows are divided by the sampling temperature before the head (GRPO, T != 1).
     pub temperature_scaled: bool,
+    /// Activation checkpointing: each layer's input is kept, and one layer's internals at a
+    /// time (its recomputation in the backward).
+    pub checkpointing: bool,
 }
 
 /// The activations of one micro-batch's forward + backward.
@@ -405,11 +408,21 @@ pub fn activations(
     let (h, v) = (dims.hidden as u64, dims.vocab as u64);
     let one_layer = layer_size(dims, &tensors, mb.passes);
     let n_layers = dims.layers as u64;
-    let layers = Sized {
-        bytes: one_layer.bytes * n_layers,
-        fresh_bytes: one_layer.fresh_bytes * n_layers,
-    };
     let tokens: u64 = mb.passes.iter().map(|p| p.total_tokens() as u64).sum();
+    let h_bytes = tokens * dims.hidden as u64 * act_bytes;
+    // With checkpointing: every layer's input, the last output's leaf copy and the
+    // recomputed layer's input copy, and one layer's internals.
+    let (layers, layer_copies) = if mb.checkpointing {
+        (one_layer + Sized::times(h_bytes, n_layers + 2), 1)
+    } else {
+        (
+            Sized {
+                bytes: one_layer.bytes * n_layers,
+                fresh_bytes: one_layer.fresh_bytes * n_layers,
+            },
+            n_layers,
+        )
+    };
     // One buffer per pass of `per_token` bytes per token.
     let per_pass = |per_token: u64| {
         Sized::of(
@@ -441,8 +454,8 @@ pub fn activations(
         push(
             "shared-prompt keys/values (gather + cat)".into(),
             Sized {
-                bytes: per_layer.bytes * n_layers,
-                fresh_bytes: per_layer.fresh_bytes * n_layers,
+                bytes: per_layer.bytes * layer_copies,
+                fresh_bytes: per_layer.fresh_bytes * layer_copies,
             },
         );
     }

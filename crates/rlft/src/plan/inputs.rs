@@ -216,6 +216,7 @@ pub fn run_shape_grpo(cfg: &GrpoConfig, lengths: &GrpoLengths) -> Result<RunShap
         tuning: tuning(cfg.use_peft, &cfg.lora)?,
         micro_batch: cfg.per_device_train_batch_size,
         accumulation: cfg.gradient_accumulation_steps,
+        gradient_checkpointing: cfg.gradient_checkpointing,
         workload: Workload::Grpo(GrpoShape {
             num_generations: cfg.num_generations,
             rollout_prompts: plan.rollout_prompts,
@@ -241,6 +242,7 @@ pub fn run_shape_sft(cfg: &SftConfig, lengths: &SftLengths) -> Result<RunShape, 
         tuning: tuning(cfg.use_peft, &cfg.lora)?,
         micro_batch: cfg.per_device_train_batch_size,
         accumulation: cfg.gradient_accumulation_steps,
+        gradient_checkpointing: cfg.gradient_checkpointing,
         workload: Workload::Sft(SftShape {
             example_tokens: lengths.example_tokens,
             eval: lengths.eval,

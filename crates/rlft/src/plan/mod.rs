@@ -282,6 +282,8 @@ pub struct RunShape {
     pub micro_batch: usize,
     /// `gradient_accumulation_steps`.
     pub accumulation: usize,
+    /// `gradient_checkpointing`: layer inputs kept, layers recomputed in the backward.
+    pub gradient_checkpointing: bool,
     /// GRPO or SFT.
     pub workload: Workload,
 }
@@ -375,6 +377,9 @@ pub struct Environment {
     /// Bytes the loader holds at once while reading the weights (the GGUF file, or the largest
     /// safetensors shard).
     pub source_file_bytes: u64,
+    /// GGUF blocks an f32 load keeps beside the frozen weights for decoding (0 for HF
+    /// directories; `ModelMetadata::decode_block_bytes`).
+    pub decode_block_bytes: u64,
 }
 
 /// A phase of a run (see the module docs).
@@ -630,6 +635,8 @@ pub fn generation(
 ///
 /// `P` = parameters, `T` = trainable parameters, `w` = 4 (f32) or 2 (bf16) bytes:
 /// - weights `P x w`; LoRA adapters `T x 4` (f32 whatever the base);
+/// - f32 loads of a GGUF file: the frozen weights' blocks for decoding (GRPO with LoRA: all
+///   phases; otherwise while loading);
 /// - AdamW `2 x T x 4`; bf16 full fine-tuning also an f32 master copy `T x 4`;
 /// - gradients `T x w` (a micro-batch's) + `T x 4` (the accumulated sums, f32); with one
 ///   micro-batch of f32 gradients only `T x 4` (they become the sums);
@@ -707,6 +714,18 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
             ),
         )
     };
+    if !run.bf16 && env.decode_block_bytes > 0 {
+        // Kept by GRPO with LoRA (rollouts decode the frozen base from them); dropped after
+        // loading by full fine-tuning (the weights move) and by SFT (it never decodes).
+        let kept = !full && matches!(run.workload, Workload::Grpo(_));
+        add(
+            "decode_blocks",
+            "GGUF blocks for decoding".into(),
+            Sized::one(env.decode_block_bytes),
+            "the frozen weights' Q4_1/Q8_0 blocks, read by the decode kernel".into(),
+            if kept { &ALL } else { &[Phase::Load] },
+        );
+    }
     add(
         "load_buffers",
         "loading buffers".into(),
@@ -904,6 +923,7 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
             head_rows,
             shared_prompt: shared,
             temperature_scaled,
+            checkpointing: run.gradient_checkpointing,
         },
     );
     let tokens: usize = passes.iter().map(Pass::total_tokens).sum();
@@ -912,8 +932,14 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
         "activations".into(),
         acts.total,
         format!(
-            "micro-batch of {}: {tokens} tokens x {} layers + LM head over {head_rows} rows",
-            run.micro_batch, dims.layers
+            "micro-batch of {}: {tokens} tokens x {} layers{} + LM head over {head_rows} rows",
+            run.micro_batch,
+            dims.layers,
+            if run.gradient_checkpointing {
+                " (checkpointed: layer inputs + one layer)"
+            } else {
+                ""
+            }
         ),
         &[Phase::Update],
     );

@@ -71,9 +71,22 @@ fn lever(run: &RunShape, which: usize) -> Vec<Candidate> {
                 }
             }
         }
+        // Recompute layers in the backward instead of keeping their internals.
+        2 if !run.gradient_checkpointing => {
+            let mut r = run.clone();
+            r.gradient_checkpointing = true;
+            out.push(Candidate {
+                change: "gradient_checkpointing = true (same gradients, ~1 more forward pass \
+                         of compute)"
+                    .into(),
+                sets: vec!["gradient_checkpointing=true".into()],
+                run: r,
+                changes_training: false,
+            });
+        }
         // The other precision (bf16 halves weights but runs candle's composites on the CPU,
         // whose activations are larger; f32 the reverse).
-        2 => {
+        3 => {
             let mut r = run.clone();
             r.bf16 = !run.bf16;
             out.push(Candidate {
@@ -88,7 +101,7 @@ fn lever(run: &RunShape, which: usize) -> Vec<Candidate> {
             });
         }
         // LoRA instead of full fine-tuning.
-        3 => {
+        4 => {
             if matches!(run.tuning, Tuning::Full) {
                 let mut r = run.clone();
                 r.tuning = Tuning::Lora(LoraShape {
@@ -109,7 +122,7 @@ fn lever(run: &RunShape, which: usize) -> Vec<Candidate> {
             }
         }
         // No KL term: no reference copy with full fine-tuning.
-        4 => {
+        5 => {
             if let Workload::Grpo(g) = &run.workload {
                 if g.reference && matches!(run.tuning, Tuning::Full) {
                     let mut r = run.clone();
@@ -126,7 +139,7 @@ fn lever(run: &RunShape, which: usize) -> Vec<Candidate> {
             }
         }
         // Shorter sequences.
-        5 => match &run.workload {
+        6 => match &run.workload {
             Workload::Grpo(g) => {
                 let mut c = g.completion_tokens / 2;
                 while c >= 8 {
@@ -168,15 +181,15 @@ fn lever(run: &RunShape, which: usize) -> Vec<Candidate> {
     out
 }
 
-const LEVERS: usize = 6;
+const LEVERS: usize = 7;
 
 fn total(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<u64, PlanError> {
     Ok(estimate(dims, run, env)?.total_bytes)
 }
 
 /// Changes that bring the predicted peak of `run` to at most `budget_bytes`: the mildest
-/// setting of each lever that fits on its own (micro-batch size, shared prompts, precision,
-/// LoRA, beta, lengths, in that order), and when none does, pairs of levers. Empty when nothing
+/// setting of each lever that fits on its own (micro-batch size, shared prompts, activation
+/// checkpointing, precision, LoRA, beta, lengths, in that order), and when none does, pairs of levers. Empty when nothing
 /// tried fits.
 pub fn suggest(
     dims: &ModelDims,

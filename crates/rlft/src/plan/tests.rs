@@ -36,6 +36,7 @@ fn sft(tuning: Tuning, micro: usize, example_tokens: usize) -> RunShape {
         tuning,
         micro_batch: micro,
         accumulation: 1,
+        gradient_checkpointing: false,
         workload: Workload::Sft(SftShape {
             example_tokens,
             eval: false,
@@ -46,6 +47,7 @@ fn sft(tuning: Tuning, micro: usize, example_tokens: usize) -> RunShape {
 const ENV: Environment = Environment {
     baseline_bytes: 1_000_000,
     source_file_bytes: 1_000,
+    decode_block_bytes: 0,
 };
 
 #[test]
@@ -222,6 +224,7 @@ fn grpo(micro: usize, share: bool, beta: bool) -> RunShape {
         tuning: Tuning::Full,
         micro_batch: micro,
         accumulation: 12 / micro,
+        gradient_checkpointing: false,
         workload: Workload::Grpo(GrpoShape {
             num_generations: 4,
             rollout_prompts: 3,
@@ -268,6 +271,92 @@ fn grpo_passes_and_reference() {
     // Sharing the prompt pass keeps fewer activations than prompt + completion rows.
     let unshared = estimate(&d, &grpo(6, false, false), &ENV).unwrap();
     assert!(p0.activations.layers.bytes < unshared.activations.layers.bytes);
+}
+
+#[test]
+fn checkpointing_keeps_layer_inputs_and_one_layer() {
+    let d = tiny();
+    for run in [
+        sft(lora_qv(), 2, 9),
+        grpo(6, true, true),
+        grpo(6, false, false),
+    ] {
+        let plain = estimate(&d, &run, &ENV).unwrap();
+        let mut c = run.clone();
+        c.gradient_checkpointing = true;
+        let ckpt = estimate(&d, &c, &ENV).unwrap();
+        let (passes, _, _) = run.micro_batch_passes();
+        let tokens: u64 = passes.iter().map(|p| p.total_tokens() as u64).sum();
+        let one_layer = plain.activations.layers.bytes / d.layers as u64;
+        // Inputs of both layers, the leaf copy and the recomputed input copy: 4 x [tokens, 64].
+        assert_eq!(
+            ckpt.activations.layers.bytes,
+            one_layer + (d.layers as u64 + 2) * tokens * 64 * 4
+        );
+        assert!(ckpt.bytes("activations") <= plain.bytes("activations"));
+        // Everything else is unchanged.
+        assert_eq!(ckpt.bytes("weights"), plain.bytes("weights"));
+        assert_eq!(ckpt.bytes("optimizer"), plain.bytes("optimizer"));
+    }
+    // Suggested when activations make the run too big, as a change that keeps the training.
+    let mut big = sft(Tuning::Full, 8, 512);
+    big.accumulation = 1;
+    let p = estimate(&d, &big, &ENV).unwrap();
+    let mut c = big.clone();
+    c.gradient_checkpointing = true;
+    let fits = estimate(&d, &c, &ENV).unwrap().total_bytes;
+    assert!(fits < p.total_bytes);
+    let s = suggest(&d, &big, &ENV, fits).unwrap();
+    let ck = s
+        .iter()
+        .find(|s| s.sets == ["gradient_checkpointing=true"])
+        .expect("checkpointing suggested");
+    assert!(!ck.changes_training);
+    assert_eq!(ck.total_bytes, fits);
+}
+
+#[test]
+fn gguf_decode_blocks_live_where_they_are_read() {
+    let d = tiny();
+    let env = Environment {
+        decode_block_bytes: 50_000,
+        ..ENV
+    };
+    let phases = |run: &RunShape| -> Vec<(Phase, u64)> {
+        let with = estimate(&d, run, &env).unwrap();
+        let without = estimate(&d, run, &ENV).unwrap();
+        assert_eq!(with.bytes("decode_blocks"), 50_000);
+        with.phases
+            .iter()
+            .map(|x| {
+                (
+                    x.phase,
+                    x.live_bytes - without.phase(x.phase).unwrap().live_bytes,
+                )
+            })
+            .collect()
+    };
+    // GRPO with LoRA: rollouts decode the frozen base from its blocks, kept throughout.
+    let mut lora = grpo(6, true, false);
+    lora.tuning = lora_qv();
+    assert!(phases(&lora).iter().all(|&(_, extra)| extra == 50_000));
+    // Full fine-tuning and SFT: only while loading.
+    for run in [grpo(6, true, true), sft(lora_qv(), 2, 9)] {
+        for (phase, extra) in phases(&run) {
+            assert_eq!(
+                extra,
+                if phase == Phase::Load { 50_000 } else { 0 },
+                "{phase:?}"
+            );
+        }
+    }
+    // bf16 loads keep no blocks.
+    let mut bf16 = lora.clone();
+    bf16.bf16 = true;
+    assert!(estimate(&d, &bf16, &env)
+        .unwrap()
+        .component("decode_blocks")
+        .is_none());
 }
 
 #[test]

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::{backprop::GradStore, Var};
+use rlft_model::checkpoint::Checkpointing;
 use rlft_model::CausalLm;
 use rlft_train::checkpoint::{
     latest_checkpoint, load_checkpoint, Checkpoint, CheckpointManager, DataPosition, RlftState,
@@ -157,11 +158,18 @@ impl Loop<'_> {
         for idx in &micro {
             let refs: Vec<&SftExample> = idx.iter().map(|&i| &self.p.train[i]).collect();
             let mb = batch::micro_batch(&refs, self.p.pad_id, self.p.model.device())?;
+            let session = cfg
+                .gradient_checkpointing
+                .then(Checkpointing::begin)
+                .transpose()?;
             let nll = batch::summed_nll(&self.p.model, &mb, true)?;
             let loss = (nll / total_targets.max(1) as f64)?;
             loss_sum += loss.to_dtype(candle_core::DType::F64)?.to_scalar::<f64>()?;
             tokens += mb.num_tokens;
-            let grads: GradStore = rlft_model::trainable::backward(&loss, &self.p.vars)?;
+            let grads: GradStore = match session {
+                Some(s) => s.backward(&loss, &self.p.vars)?,
+                None => rlft_model::trainable::backward(&loss, &self.p.vars)?,
+            };
             acc.add_owned(grads, 1.0)?;
         }
         let mut grads = acc.finish();

@@ -97,13 +97,15 @@ fn examples(
 /// Loads model and data and derives the step arithmetic (printed).
 pub fn prepare(cfg: &SftConfig, model_path: &Path, device: &Device) -> Result<Prepared> {
     let dtype = if cfg.bf16 { DType::BF16 } else { DType::F32 };
-    let loaded = load_model(
+    let mut loaded = load_model(
         model_path,
         &LoadOptions {
             device: device.clone(),
             dtype,
         },
     )?;
+    // SFT never decodes: no GGUF blocks beside the weights.
+    loaded.model.drop_quantized();
     let mut model = loaded.model.clone();
     let (vars, lora, adapter_config) =
         train_setup::trainable(&mut model, cfg.use_peft, &cfg.lora, cfg.seed, &cfg.model)?;

@@ -1,0 +1,300 @@
+//! Activation (gradient) checkpointing: keep each decoder layer's input, not its internals, and
+//! recompute a layer's forward when the backward reaches it.
+//!
+//! A training forward normally keeps every layer's intermediate tensors until the backward
+//! (for SmolLM2-135M, ~4 KB per token per layer). With checkpointing, each layer runs with a
+//! graph that is dropped at once (its output detached), and only the `[tokens, hidden]` layer
+//! inputs stay; [`Checkpointing::backward`] then walks the layers from last to first,
+//! recomputing each with a graph on its saved input and back-propagating the incoming gradient
+//! through it (`sum(layer(x) * dy)` has gradient `dy`-weighted). Peak activation memory drops
+//! from all layers' internals to one layer's plus the inputs, for about one more forward pass
+//! of compute — what transformers' `gradient_checkpointing` trades.
+//!
+//! Usage: start a [`Checkpointing`] session before the training forward(s) of a micro-batch
+//! (differentiable forwards of [`CausalLm`](crate::decoder::CausalLm) on this thread record
+//! into it) and call [`Checkpointing::backward`] instead of [`crate::trainable::backward`].
+//! LoRA dropout masks are replayed exactly: each adapter's draw counter is rewound before its
+//! layer is recomputed. Gradients equal those without checkpointing up to float rounding
+//! (tests).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use candle_core::backprop::GradStore;
+use candle_core::{Tensor, Var};
+
+use crate::error::{ModelError, Result};
+
+/// One layer's forward: `(layer index, input) -> output`, with a graph.
+pub(crate) type LayerFn = Rc<dyn Fn(usize, &Tensor) -> Result<Tensor>>;
+
+/// One recorded stack of layers.
+struct Segment {
+    /// The first layer's input as computed (tracked when the embedding is trainable).
+    x0: Tensor,
+    /// Each layer's input, detached.
+    inputs: Vec<Tensor>,
+    /// Per layer, the LoRA dropout draw counters of its adapters and their values before the
+    /// layer ran.
+    draws: Vec<Vec<(Arc<AtomicU64>, u64)>>,
+    step: LayerFn,
+    /// The last layer's output, a leaf the rest of the forward builds on.
+    leaf: Var,
+}
+
+thread_local! {
+    static TAPE: RefCell<Option<Vec<Segment>>> = const { RefCell::new(None) };
+}
+
+/// Whether a session is recording on this thread.
+pub(crate) fn active() -> bool {
+    TAPE.with(|t| t.borrow().is_some())
+}
+
+/// Runs `n` layers from `x0` without keeping their internals and records them in the session;
+/// returns the last output as a fresh leaf (the rest of the forward builds its graph on it).
+/// `counters[l]` are layer `l`'s LoRA dropout draw counters.
+pub(crate) fn run_layers(
+    x0: Tensor,
+    n: usize,
+    counters: Vec<Vec<Arc<AtomicU64>>>,
+    step: LayerFn,
+) -> Result<Tensor> {
+    let mut inputs = Vec::with_capacity(n);
+    let mut draws = Vec::with_capacity(n);
+    let mut x = x0.detach();
+    for (li, layer_counters) in counters.into_iter().enumerate().take(n) {
+        draws.push(
+            layer_counters
+                .into_iter()
+                .map(|c| {
+                    let v = c.load(Ordering::SeqCst);
+                    (c, v)
+                })
+                .collect(),
+        );
+        // The output's graph (this layer's internals) is dropped with `y`.
+        let y = step(li, &x)?;
+        inputs.push(x);
+        x = y.detach();
+    }
+    let leaf = Var::from_tensor(&x)?;
+    let out = leaf.as_tensor().clone();
+    TAPE.with(|t| {
+        t.borrow_mut()
+            .as_mut()
+            .map(|segs| {
+                segs.push(Segment {
+                    x0,
+                    inputs,
+                    draws,
+                    step,
+                    leaf,
+                })
+            })
+            .ok_or_else(|| ModelError::Invalid("no checkpointing session is active".into()))
+    })?;
+    Ok(out)
+}
+
+/// An activation-checkpointing session on this thread (see the module docs). Dropping it
+/// without [`Self::backward`] discards what was recorded.
+#[must_use = "call backward() to get the gradients"]
+pub struct Checkpointing {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl Checkpointing {
+    /// Starts recording differentiable forwards on this thread. Errors if a session is already
+    /// active here.
+    pub fn begin() -> Result<Checkpointing> {
+        TAPE.with(|t| {
+            let mut t = t.borrow_mut();
+            if t.is_some() {
+                return Err(ModelError::Invalid(
+                    "a checkpointing session is already active on this thread".into(),
+                ));
+            }
+            *t = Some(Vec::new());
+            Ok(Checkpointing {
+                _not_send: std::marker::PhantomData,
+            })
+        })
+    }
+
+    /// Gradients of `loss` for `vars` (as [`crate::trainable::backward`]), recomputing the
+    /// recorded layers last to first.
+    pub fn backward(self, loss: &Tensor, vars: &[(String, Var)]) -> Result<GradStore> {
+        let segments = TAPE.with(|t| t.borrow_mut().take()).unwrap_or_default();
+        let mut out = GradStore::default();
+        let mut all = loss.backward()?;
+        take_vars(&mut all, vars, &mut out)?;
+        for seg in segments.into_iter().rev() {
+            let Some(mut g) = all.remove(seg.leaf.as_tensor()) else {
+                continue; // the loss does not depend on this forward
+            };
+            for li in (0..seg.inputs.len()).rev() {
+                for (c, v) in &seg.draws[li] {
+                    c.store(*v, Ordering::SeqCst);
+                }
+                let x = Var::from_tensor(&seg.inputs[li])?;
+                let y = (seg.step)(li, x.as_tensor())?;
+                let mut gs = (y * &g)?.sum_all()?.backward()?;
+                take_vars(&mut gs, vars, &mut out)?;
+                g = gs.remove(x.as_tensor()).ok_or_else(|| {
+                    ModelError::Invalid(format!("layer {li}'s output does not depend on its input"))
+                })?;
+            }
+            if seg.x0.track_op() {
+                // A trainable embedding: the first layer's input gradient flows into it.
+                let mut gs = (&seg.x0 * &g)?.sum_all()?.backward()?;
+                take_vars(&mut gs, vars, &mut out)?;
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for Checkpointing {
+    fn drop(&mut self) {
+        TAPE.with(|t| t.borrow_mut().take());
+    }
+}
+
+/// Moves the gradients of `vars` from `from` into `into`, adding to what is there.
+fn take_vars(from: &mut GradStore, vars: &[(String, Var)], into: &mut GradStore) -> Result<()> {
+    for (_, var) in vars {
+        let t = var.as_tensor();
+        if let Some(g) = from.remove(t) {
+            let sum = match into.remove(t) {
+                Some(prev) => (prev + g)?,
+                None => g,
+            };
+            into.insert(t, sum);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Family;
+    use crate::lora::{attach_lora, set_dropout_seed, LoraConfig};
+    use crate::shared_prefix::{shared_prefix_batch, shared_prefix_logprobs};
+    use crate::tiny::{random_model, tiny_config};
+    use crate::trainable::{backward, make_trainable, masked_mean_nll, next_token_batch};
+    use crate::trainable::{sequence_logprobs, NextTokenBatch};
+    use candle_core::{DType, Device};
+
+    fn batch() -> NextTokenBatch {
+        let rows = vec![
+            vec![1, 5, 9, 300, 42, 17, 250, 77, 2],
+            vec![1, 88, 7, 300, 9, 2],
+        ];
+        next_token_batch(&rows, &[1, 3], 2, &Device::Cpu).unwrap()
+    }
+
+    fn max_rel_diff(a: &GradStore, b: &GradStore, vars: &[(String, Var)]) -> f32 {
+        let mut worst = 0f32;
+        for (name, v) in vars {
+            let (x, y) = (a.get(v.as_tensor()), b.get(v.as_tensor()));
+            let (x, y) = match (x, y) {
+                (Some(x), Some(y)) => (x, y),
+                (None, None) => continue,
+                _ => panic!("{name}: gradient in one store only"),
+            };
+            let d = (x - y).unwrap().abs().unwrap().max_all().unwrap();
+            let s = y.abs().unwrap().max_all().unwrap();
+            let (d, s) = (d.to_scalar::<f32>().unwrap(), s.to_scalar::<f32>().unwrap());
+            worst = worst.max(d / s.max(1e-6));
+        }
+        worst
+    }
+
+    /// Gradients of the same loss with and without checkpointing.
+    fn both(
+        vars: &[(String, Var)],
+        loss: impl Fn() -> Tensor,
+        reseed: impl Fn(),
+    ) -> (GradStore, GradStore) {
+        reseed();
+        let plain = backward(&loss(), vars).unwrap();
+        reseed();
+        let session = Checkpointing::begin().unwrap();
+        let l = loss();
+        let ckpt = session.backward(&l, vars).unwrap();
+        assert!(!active(), "the session ends with backward");
+        (plain, ckpt)
+    }
+
+    #[test]
+    fn checkpointed_gradients_equal_plain_ones() {
+        for family in [Family::Llama, Family::Qwen2, Family::Qwen3] {
+            // Full fine-tuning (the embedding and tied head get gradients through both routes).
+            let mut m = random_model(tiny_config(family), 4, DType::F32, &Device::Cpu).unwrap();
+            let vars = make_trainable(&mut m, |_| true).unwrap();
+            let nt = batch();
+            let loss = || {
+                let lp = sequence_logprobs(&m, &nt.batch, &nt.targets, true).unwrap();
+                masked_mean_nll(&lp, &nt.mask).unwrap()
+            };
+            let (a, b) = both(&vars, loss, || ());
+            assert_eq!(a.get_ids().count(), b.get_ids().count());
+            let d = max_rel_diff(&a, &b, &vars);
+            assert!(d < 1e-4, "{family:?} full: {d}");
+
+            // LoRA with dropout: the recomputation replays the forward's masks.
+            let mut m = random_model(tiny_config(family), 4, DType::F32, &Device::Cpu).unwrap();
+            let cfg = LoraConfig {
+                r: 4,
+                lora_alpha: 8.0,
+                lora_dropout: 0.3,
+                target_modules: vec!["all-linear".into()],
+                init_lora_weights: false,
+                seed: 2,
+                ..LoraConfig::default()
+            };
+            let vars = attach_lora(&mut m, &cfg).unwrap();
+            let m = std::cell::RefCell::new(m);
+            let reseed = || set_dropout_seed(&mut m.borrow_mut(), Some(9));
+            let p0: Vec<u32> = vec![5, 6, 7, 8, 9];
+            let p1: Vec<u32> = vec![10, 11];
+            let c: Vec<Vec<u32>> = vec![vec![12, 13, 14], vec![15], vec![16, 17], vec![18, 19]];
+            let comps: Vec<&[u32]> = c.iter().map(|x| &x[..]).collect();
+            let sb =
+                shared_prefix_batch(&[&p0, &p1], &comps, &[0, 0, 1, 1], 0, &Device::Cpu).unwrap();
+            let loss = || {
+                let mm = m.borrow();
+                let (lp, _) = shared_prefix_logprobs(&mm, &sb, true, false, 1.0).unwrap();
+                masked_mean_nll(&lp, &sb.mask).unwrap()
+            };
+            let (a, b) = both(&vars, loss, reseed);
+            let d = max_rel_diff(&a, &b, &vars);
+            assert!(d < 1e-4, "{family:?} lora + dropout, shared prompts: {d}");
+            // Without the replay the masks would differ: a fresh draw gives other gradients.
+            reseed();
+            let first = backward(&loss(), &vars).unwrap();
+            let second = backward(&loss(), &vars).unwrap();
+            assert!(max_rel_diff(&first, &second, &vars) > 1e-3, "{family:?}");
+        }
+    }
+
+    #[test]
+    fn sessions_do_not_nest_and_end_on_drop() {
+        let s = Checkpointing::begin().unwrap();
+        assert!(active());
+        assert!(Checkpointing::begin().is_err());
+        drop(s);
+        assert!(!active());
+        let m = random_model(tiny_config(Family::Llama), 1, DType::F32, &Device::Cpu).unwrap();
+        // Inference forwards record nothing (and need no session).
+        let nt = batch();
+        let s = Checkpointing::begin().unwrap();
+        m.forward(&nt.batch, None, false).unwrap();
+        assert!(TAPE.with(|t| t.borrow().as_ref().unwrap().is_empty()));
+        drop(s);
+    }
+}

@@ -1,0 +1,387 @@
+//! Frozen weights kept in their GGUF block format, for decoding.
+//!
+//! A decode step of batch 8 reads every weight once and does 16 FLOPs with it: at f32 it is
+//! bound by memory (538 MB per step for a 135M model). A model loaded from a GGUF file holds
+//! its weights as f32 for training, but as long as a weight is frozen and untouched it still
+//! equals the dequantised blocks it came from, which are 5 (Q4_1) or 8.5 (Q8_0) bits per
+//! weight. [`QuantWeight`] keeps those blocks beside the f32 tensor and remembers which tensor
+//! it mirrors ([`QuantWeight::mirrors`]): the fused decode path ([`crate::decode_fast`]) uses
+//! it only while the layer still holds that very tensor and it is not a trainable `Var`
+//! (training, merging adapters or loading a checkpoint replace the tensor, and the blocks are
+//! then ignored). Blocks are dequantised with the formulas of the loader (same f32 operations,
+//! so the weights are bit-identical to the f32 tensor) into a small scratch tile, and the f32
+//! streaming kernel runs on it: results differ from the f32 path only in summation order.
+
+use candle_core::{Tensor, TensorId};
+use rayon::prelude::*;
+use rlft_gguf::GgmlType;
+
+use crate::kernels::{cols_per_task, dot_block, TILE_COLS};
+
+fn blocks_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("RLFT_DECODE_BLOCKS").map_or(true, |v| v != "0"))
+}
+
+/// Weights per block (Q4_1 and Q8_0).
+pub const BLOCK: usize = 32;
+
+/// The blocks of a `[rows, cols]` matrix, row-major, `cols / 32` blocks per row; scales and
+/// mins are stored as f32 (exact conversions of the file's f16 values).
+#[derive(Debug, Clone)]
+enum Blocks {
+    /// `x = q * d + m` with `q` a nibble: byte `j` of a block holds elements `j` (low nibble)
+    /// and `j + 16` (high nibble).
+    Q4_1 {
+        d: Vec<f32>,
+        m: Vec<f32>,
+        qs: Vec<u8>,
+    },
+    /// `x = q * d` with `q` a signed byte.
+    Q8_0 { d: Vec<f32>, qs: Vec<i8> },
+}
+
+/// A frozen weight `[rows, cols]` in a GGUF block format, bound to the f32 tensor it mirrors.
+#[derive(Debug, Clone)]
+pub struct QuantWeight {
+    rows: usize,
+    cols: usize,
+    blocks: Blocks,
+    source: Option<TensorId>,
+}
+
+fn f16(b: &[u8]) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+}
+
+impl QuantWeight {
+    /// Reads a GGUF tensor's raw `data` as a `[rows, cols]` matrix. `None` when the type has
+    /// no decode kernel (supported: Q4_1, Q8_0), `cols` is not a multiple of 32, or the size
+    /// does not match.
+    pub fn from_gguf(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Self> {
+        if !cols.is_multiple_of(BLOCK) || cols == 0 {
+            return None;
+        }
+        let nb = rows * cols / BLOCK;
+        let blocks = match ty {
+            GgmlType::Q4_1 => {
+                if data.len() != nb * 20 {
+                    return None;
+                }
+                let mut d = Vec::with_capacity(nb);
+                let mut m = Vec::with_capacity(nb);
+                let mut qs = Vec::with_capacity(nb * 16);
+                for b in data.chunks_exact(20) {
+                    d.push(f16(&b[0..2]));
+                    m.push(f16(&b[2..4]));
+                    qs.extend_from_slice(&b[4..20]);
+                }
+                Blocks::Q4_1 { d, m, qs }
+            }
+            GgmlType::Q8_0 => {
+                if data.len() != nb * 34 {
+                    return None;
+                }
+                let mut d = Vec::with_capacity(nb);
+                let mut qs = Vec::with_capacity(nb * BLOCK);
+                for b in data.chunks_exact(34) {
+                    d.push(f16(&b[0..2]));
+                    qs.extend(b[2..34].iter().map(|&v| v as i8));
+                }
+                Blocks::Q8_0 { d, qs }
+            }
+            _ => return None,
+        };
+        Some(QuantWeight {
+            rows,
+            cols,
+            blocks,
+            source: None,
+        })
+    }
+
+    /// Bytes [`Self::from_gguf`] would hold for a `[rows, cols]` tensor of type `ty` (`None`
+    /// when it would not keep it).
+    pub fn bytes_for(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
+        if !cols.is_multiple_of(BLOCK) || cols == 0 {
+            return None;
+        }
+        let nb = rows * cols / BLOCK;
+        match ty {
+            GgmlType::Q4_1 => Some(nb * (4 + 4 + 16)),
+            GgmlType::Q8_0 => Some(nb * (4 + BLOCK)),
+            _ => None,
+        }
+    }
+
+    /// `[rows, cols]`.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// Bytes held.
+    pub fn size_in_bytes(&self) -> usize {
+        match &self.blocks {
+            Blocks::Q4_1 { d, m, qs } => 4 * (d.len() + m.len()) + qs.len(),
+            Blocks::Q8_0 { d, qs } => 4 * d.len() + qs.len(),
+        }
+    }
+
+    /// Row `i` of the result is row `perm[i]` of `self` (the loader's q/k un-permutation).
+    pub fn permute_rows(&self, perm: &[usize]) -> Self {
+        let nb = self.cols / BLOCK;
+        let pick = |v: &[f32]| -> Vec<f32> {
+            perm.iter()
+                .flat_map(|&r| v[r * nb..(r + 1) * nb].iter().copied())
+                .collect()
+        };
+        let blocks = match &self.blocks {
+            Blocks::Q4_1 { d, m, qs } => Blocks::Q4_1 {
+                d: pick(d),
+                m: pick(m),
+                qs: perm
+                    .iter()
+                    .flat_map(|&r| qs[r * nb * 16..(r + 1) * nb * 16].iter().copied())
+                    .collect(),
+            },
+            Blocks::Q8_0 { d, qs } => Blocks::Q8_0 {
+                d: pick(d),
+                qs: perm
+                    .iter()
+                    .flat_map(|&r| qs[r * self.cols..(r + 1) * self.cols].iter().copied())
+                    .collect(),
+            },
+        };
+        QuantWeight {
+            rows: perm.len(),
+            cols: self.cols,
+            blocks,
+            source: self.source,
+        }
+    }
+
+    /// Binds the blocks to the f32 tensor `w` they were dequantised into.
+    pub fn bind(mut self, w: &Tensor) -> Self {
+        self.source = Some(w.id());
+        self
+    }
+
+    /// Whether these blocks still describe `w`: `w` is the tensor they were bound to and not a
+    /// trainable `Var` (an optimizer may update a `Var` in place). `RLFT_DECODE_BLOCKS=0`
+    /// makes this false everywhere (decode from f32, for A/B checks).
+    pub fn mirrors(&self, w: &Tensor) -> bool {
+        blocks_enabled()
+            && self.source == Some(w.id())
+            && !w.is_variable()
+            && w.dims() == [self.rows, self.cols]
+    }
+
+    /// Dequantises rows `r0..r0 + n` into `out [n, cols]`, with the loader's formulas.
+    pub fn dequant_rows(&self, r0: usize, n: usize, out: &mut [f32]) {
+        let nb = self.cols / BLOCK;
+        let (b0, b1) = (r0 * nb, (r0 + n) * nb);
+        let out = &mut out[..n * self.cols];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU supports AVX2 (checked above); slices are sized by the loops.
+                unsafe { self.dequant_avx2(b0, b1, out) };
+                return;
+            }
+        }
+        self.dequant_portable(b0, b1, out);
+    }
+
+    fn dequant_portable(&self, b0: usize, b1: usize, out: &mut [f32]) {
+        let blocks = out.chunks_exact_mut(BLOCK).zip(b0..b1);
+        match &self.blocks {
+            Blocks::Q4_1 { d, m, qs } => {
+                for (y, b) in blocks {
+                    for j in 0..16 {
+                        let q = qs[b * 16 + j];
+                        y[j] = (q & 0xF) as f32 * d[b] + m[b];
+                        y[j + 16] = (q >> 4) as f32 * d[b] + m[b];
+                    }
+                }
+            }
+            Blocks::Q8_0 { d, qs } => {
+                for (y, b) in blocks {
+                    for (j, v) in y.iter_mut().enumerate() {
+                        *v = qs[b * BLOCK + j] as f32 * d[b];
+                    }
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn dequant_avx2(&self, b0: usize, b1: usize, out: &mut [f32]) {
+        use std::arch::x86_64::*;
+        let blocks = out.chunks_exact_mut(BLOCK).zip(b0..b1);
+        match &self.blocks {
+            Blocks::Q4_1 { d, m, qs } => {
+                let low = _mm_set1_epi8(0x0F);
+                for (y, b) in blocks {
+                    let (dv, mv) = (_mm256_set1_ps(d[b]), _mm256_set1_ps(m[b]));
+                    let raw = _mm_loadu_si128(qs.as_ptr().add(b * 16) as *const __m128i);
+                    let lo = _mm_and_si128(raw, low);
+                    let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+                    // Multiply then add, as the loader does (no FMA): bit-identical weights.
+                    macro_rules! put {
+                        ($bytes:expr, $at:expr) => {{
+                            let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32($bytes));
+                            let v = _mm256_add_ps(_mm256_mul_ps(q, dv), mv);
+                            _mm256_storeu_ps(y.as_mut_ptr().add($at), v);
+                        }};
+                    }
+                    put!(lo, 0);
+                    put!(_mm_srli_si128(lo, 8), 8);
+                    put!(hi, 16);
+                    put!(_mm_srli_si128(hi, 8), 24);
+                }
+            }
+            Blocks::Q8_0 { d, qs } => {
+                for (y, b) in blocks {
+                    let dv = _mm256_set1_ps(d[b]);
+                    let p = qs.as_ptr().add(b * BLOCK);
+                    for at in (0..BLOCK).step_by(8) {
+                        let bytes = _mm_loadl_epi64(p.add(at) as *const __m128i);
+                        let q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+                        _mm256_storeu_ps(y.as_mut_ptr().add(at), _mm256_mul_ps(q, dv));
+                    }
+                }
+            }
+        }
+    }
+
+    /// `out [m, rows] = x [m, cols] @ W^T` for few rows of `x` (decoding), parallel over
+    /// output columns: each tile of weight rows is dequantised into an L1-sized scratch and
+    /// multiplied by [`crate::kernels`]' streaming kernel.
+    pub fn matmul_wt(&self, x: &[f32], m: usize, out: &mut [f32]) {
+        let (n, k) = (self.rows, self.cols);
+        debug_assert!(x.len() >= m * k && out.len() >= m * n);
+        let mut out_t = vec![0f32; n * m];
+        let per_task = cols_per_task(n);
+        out_t
+            .par_chunks_mut(per_task * m)
+            .enumerate()
+            .for_each(|(blk, chunk)| {
+                let j0 = blk * per_task;
+                let cols = chunk.len() / m;
+                let mut w = vec![0f32; DEQUANT_ROWS * k];
+                let mut j = 0;
+                while j < cols {
+                    let nc = (cols - j).min(DEQUANT_ROWS);
+                    self.dequant_rows(j0 + j, nc, &mut w);
+                    dot_block(x, m, k, &w[..nc * k], &mut chunk[j * m..(j + nc) * m]);
+                    j += nc;
+                }
+            });
+        for j in 0..n {
+            for i in 0..m {
+                out[i * n + j] = out_t[j * m + i];
+            }
+        }
+    }
+}
+
+/// Weight rows dequantised at a time: two register tiles (27 KB of f32 at 576 columns).
+const DEQUANT_ROWS: usize = 2 * TILE_COLS;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// Random GGUF blocks of `ty` for a `[rows, cols]` matrix (finite scales).
+    fn random_blocks(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut out = Vec::new();
+        let f16b = |v: f32| half::f16::from_f32(v).to_bits().to_le_bytes();
+        for _ in 0..rows * cols / BLOCK {
+            out.extend_from_slice(&f16b(rng.random_range(-0.05f32..0.05)));
+            match ty {
+                GgmlType::Q4_1 => {
+                    out.extend_from_slice(&f16b(rng.random_range(-0.5f32..0.5)));
+                    out.extend((0..16).map(|_| rng.random::<u8>()));
+                }
+                _ => out.extend((0..32).map(|_| rng.random::<u8>())),
+            }
+        }
+        out
+    }
+
+    fn reference(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Vec<f32> {
+        let mut w = vec![0f32; rows * cols];
+        rlft_gguf::dequantize(ty, data, &mut w).unwrap();
+        w
+    }
+
+    #[test]
+    fn dequantised_rows_are_bit_identical_to_the_loader() {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            let (rows, cols) = (7, 96);
+            let data = random_blocks(ty, rows, cols, 1);
+            let q = QuantWeight::from_gguf(ty, rows, cols, &data).unwrap();
+            let want = reference(ty, rows, cols, &data);
+            let mut got = vec![0f32; 3 * cols];
+            q.dequant_rows(2, 3, &mut got);
+            let mut portable = vec![0f32; 3 * cols];
+            let nb = cols / BLOCK;
+            q.dequant_portable(2 * nb, 5 * nb, &mut portable);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want[2 * cols..5 * cols]), "{ty:?}");
+            assert_eq!(bits(&portable), bits(&want[2 * cols..5 * cols]), "{ty:?}");
+        }
+    }
+
+    #[test]
+    fn quantised_matmul_matches_the_f32_kernel() {
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            for (m, rows, cols) in [(1, 50, 64), (8, 193, 576), (5, 7, 1536), (16, 130, 32)] {
+                let data = random_blocks(ty, rows, cols, m as u64);
+                let q = QuantWeight::from_gguf(ty, rows, cols, &data).unwrap();
+                let w = reference(ty, rows, cols, &data);
+                let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+                let x: Vec<f32> = (0..m * cols)
+                    .map(|_| rng.random_range(-1f32..1.0))
+                    .collect();
+                let mut want = vec![0f32; m * rows];
+                crate::kernels::matmul_wt(&x, m, cols, &w, rows, None, &mut want);
+                let mut got = vec![0f32; m * rows];
+                q.matmul_wt(&x, m, &mut got);
+                for (a, b) in got.iter().zip(&want) {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                        "{ty:?} {m}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn permuted_rows_and_binding() {
+        let (rows, cols) = (4, 64);
+        let data = random_blocks(GgmlType::Q4_1, rows, cols, 3);
+        let q = QuantWeight::from_gguf(GgmlType::Q4_1, rows, cols, &data).unwrap();
+        let perm = [2, 0, 3, 1];
+        let p = q.permute_rows(&perm);
+        let mut a = vec![0f32; rows * cols];
+        let mut b = vec![0f32; rows * cols];
+        q.dequant_rows(0, rows, &mut a);
+        p.dequant_rows(0, rows, &mut b);
+        for (i, &r) in perm.iter().enumerate() {
+            assert_eq!(b[i * cols..(i + 1) * cols], a[r * cols..(r + 1) * cols]);
+        }
+        let t = Tensor::from_vec(a, (rows, cols), &candle_core::Device::Cpu).unwrap();
+        let bound = q.bind(&t);
+        assert!(bound.mirrors(&t));
+        assert!(!bound.mirrors(&t.copy().unwrap()), "another tensor");
+        let var = candle_core::Var::from_tensor(&t).unwrap();
+        assert!(!bound.mirrors(var.as_tensor()), "a trainable copy");
+        assert!(QuantWeight::from_gguf(GgmlType::Q4_0, rows, cols, &data).is_none());
+        assert!(QuantWeight::from_gguf(GgmlType::Q4_1, rows, 48, &data).is_none());
+    }
+}
