@@ -66,8 +66,7 @@ enum Command {
 
 fn main() {
     rlft_model::runtime::tune();
-    let cli = Cli::parse();
-    if let Err(e) = rlft_model::runtime::in_pool(|| run(cli)) {
+    if let Err(e) = run(Cli::parse()) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }

@@ -25,8 +25,8 @@ fn time<F: FnMut()>(mut f: F, reps: usize) -> f64 {
 
 fn main() -> candle_core::Result<()> {
     if std::env::args().any(|a| a == "decode") {
-        // Only the decode step, on a pool worker as the rlft binary runs it.
-        rlft_model::runtime::in_pool(decode_step);
+        // Only the decode step.
+        decode_step();
         return Ok(());
     }
     let dev = Device::Cpu;

@@ -9,29 +9,6 @@
 //!   spin ([`BARRIER_SPIN`]) keeps the pool's parallelism and parks idle workers at once.
 //!   An explicit `CANDLE_BARRIER_POOL_SPIN_LIMIT` or `CANDLE_NUM_THREADS` is left as it is.
 
-/// Stack of rayon's worker threads: the whole command runs on one ([`in_pool`]), and candle's
-/// backward walks the graph recursively.
-pub const WORKER_STACK: usize = 256 << 20;
-
-/// Runs `f` on a worker of rayon's global pool (created with [`WORKER_STACK`]-sized stacks if
-/// it does not exist yet) and returns its result.
-///
-/// A parallel op called from a thread outside the pool queues its work, wakes a worker and
-/// puts the caller to sleep until the work is done: two context switches per op. A decode step
-/// or a LoRA training step runs hundreds of small parallel ops; called from a worker, an op is
-/// split by work stealing instead, and the other workers, busy-waiting between ops, pick it up
-/// at once. `RLFT_IN_POOL=0` runs `f` on the calling thread (for A/B checks).
-pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if std::env::var("RLFT_IN_POOL").is_ok_and(|v| v == "0") {
-        return f();
-    }
-    // Fails only when the pool exists already (then its settings stand).
-    let _ = rayon::ThreadPoolBuilder::new()
-        .stack_size(WORKER_STACK)
-        .build_global();
-    rayon::scope(|_| f())
-}
-
 /// Spin rounds of candle's pool workers before they park.
 pub const BARRIER_SPIN: u32 = 200;
 
