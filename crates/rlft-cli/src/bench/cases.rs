@@ -93,7 +93,7 @@ pub fn run_case(case: Case, a: &BenchArgs) -> Result<()> {
         Case::RefPass => bench_ref_pass(a)?,
         Case::Grpo => {
             let model = crate::default_model::resolve(&a.model.model)?;
-            super::grpo::bench_grpo(&model, a.reps + 1)?
+            super::grpo::bench_grpo(&model, a.reps + 1, &a.grpo_set)?
         }
     };
     println!("RESULT_JSON {v}");

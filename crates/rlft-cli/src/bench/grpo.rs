@@ -81,8 +81,8 @@ const PHASES: [&str; 6] = [
 
 /// Runs `steps` GRPO steps (the first is a warm-up, excluded from the times) and returns the
 /// case's result JSON (see [`super::cases`]); `detail` holds every step's seconds and the
-/// per-phase medians.
-pub fn bench_grpo(model: &Path, steps: usize) -> Result<Value> {
+/// per-phase medians. `sets` override config keys (`key=value`).
+pub fn bench_grpo(model: &Path, steps: usize, sets: &[String]) -> Result<Value> {
     let t0 = Instant::now();
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("prompts.jsonl");
@@ -122,7 +122,9 @@ answer_field = "answer"
         dir.path().join("out").display(),
         data.display()
     );
-    let cfg = GrpoConfig::from_table(toml_text.parse()?, "bench grpo")?;
+    let cfg_path = dir.path().join("grpo.toml");
+    std::fs::write(&cfg_path, toml_text)?;
+    let cfg = GrpoConfig::load(&cfg_path, sets)?;
     let mut p = rlft::grpo::prepare(&cfg, model, &Device::Cpu)?;
     let load_s = t0.elapsed().as_secs_f64();
     let meter = Meter::start();

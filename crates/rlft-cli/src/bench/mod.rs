@@ -139,6 +139,11 @@ pub struct BenchArgs {
     /// Also write the JSON result to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// grpo: override a key of the case's config, as `rlft grpo --set` takes it (repeatable),
+    /// e.g. `--grpo-set gradient_checkpointing=true`. The reference keeps its configuration,
+    /// so ratios then compare different settings.
+    #[arg(long = "grpo-set")]
+    pub grpo_set: Vec<String>,
     /// Internal: run one case in this process and print `RESULT_JSON {...}`.
     #[arg(long, value_enum, hide = true)]
     pub run_case: Option<Case>,
@@ -275,6 +280,7 @@ fn run_child(case: Case, a: &BenchArgs, model: &std::path::Path) -> Result<Value
         ])
         .args(["--batch", &a.batch.to_string()])
         .args(["--new-tokens", &a.new_tokens.to_string()])
+        .args(a.grpo_set.iter().flat_map(|s| ["--grpo-set", s.as_str()]))
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
