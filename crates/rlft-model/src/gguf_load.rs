@@ -201,12 +201,13 @@ pub fn load_gguf_weights(
     Ok(out)
 }
 
-/// Whether the decode path reads weight `name` of `shape`: linear weights and the LM head (or
-/// the embedding it is tied to).
-fn decodes_from_blocks(name: &str, shape: &[usize]) -> bool {
+/// Whether the decode path reads weight `name` of `shape` in `g`: linear weights and the LM
+/// head (the embedding when the file has no separate head: tied).
+fn decodes_from_blocks(g: &GgufFile, name: &str, shape: &[usize]) -> bool {
+    let tied = g.tensor("output.weight").is_none();
     let used = name.ends_with("_proj.weight")
         || name == "lm_head.weight"
-        || name == "model.embed_tokens.weight";
+        || (tied && name == "model.embed_tokens.weight");
     used && shape.len() == 2
 }
 
@@ -217,7 +218,7 @@ pub fn decode_block_bytes(g: &GgufFile) -> u64 {
         .filter_map(|info| {
             let name = hf_name(&info.name)?;
             let shape = info.shape();
-            if !decodes_from_blocks(&name, &shape) {
+            if !decodes_from_blocks(g, &name, &shape) {
                 return None;
             }
             QuantWeight::bytes_for(info.ggml_type, shape[0], shape[1]).map(|b| b as u64)
@@ -237,7 +238,7 @@ pub fn load_gguf_quantized(
             continue;
         };
         let shape = info.shape();
-        if !decodes_from_blocks(&name, &shape) {
+        if !decodes_from_blocks(g, &name, &shape) {
             continue;
         }
         let data = g.tensor_data(&info.name)?;

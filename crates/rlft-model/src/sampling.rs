@@ -137,6 +137,9 @@ fn log_softmax_at(logits: &[f32], inv_t: f32, idx: usize) -> f32 {
 /// Picks the next token from raw `logits [vocab]`, given the ids seen so far (prompt and
 /// completion) for the repetition penalty.
 pub fn sample(logits: &[f32], seen: &[u32], p: &SamplingParams, rng: &mut Rng) -> Sampled {
+    if !p.is_greedy() && p.repetition_penalty == 1.0 && is_plain(p) {
+        return sample_plain(logits, p.temperature, rng);
+    }
     let report_t = if p.is_greedy() { 1.0 } else { p.temperature };
     let mut work: Vec<f32> = logits.to_vec();
     if p.repetition_penalty != 1.0 {
@@ -172,14 +175,43 @@ pub fn argmax(x: &[f32]) -> usize {
     best
 }
 
+/// Whether sampling draws from the whole temperature-scaled distribution (no top-k, top-p or
+/// min-p truncation).
+fn is_plain(p: &SamplingParams) -> bool {
+    p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0
+}
+
+/// `exp((x - max) / t)` for every logit: the unnormalised probabilities, vectorised.
+fn unnormalised(logits: &[f32], max: f32, inv_t: f32) -> Vec<f32> {
+    crate::fused::simd(|| {
+        logits
+            .iter()
+            .map(|&x| crate::fused::exp_f32((x - max) * inv_t))
+            .collect()
+    })
+}
+
+/// Plain sampling at temperature `t` (the common RL rollout setting): one pass of `exp` gives
+/// both the draw and the chosen token's log-probability.
+fn sample_plain(logits: &[f32], t: f32, rng: &mut Rng) -> Sampled {
+    let inv_t = 1.0 / t;
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let probs = unnormalised(logits, max, inv_t);
+    let total: f64 = probs.iter().map(|&x| x as f64).sum();
+    let token = draw_all(&probs, total, rng);
+    Sampled {
+        token: token as u32,
+        logprob: (logits[token] - max) * inv_t - total.ln() as f32,
+    }
+}
+
 fn sample_filtered(work: &mut [f32], p: &SamplingParams, rng: &mut Rng) -> usize {
     let inv_t = 1.0 / p.temperature;
     let max = work.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    // Unnormalised probabilities.
-    let probs: Vec<f32> = work.iter().map(|&x| ((x - max) * inv_t).exp()).collect();
-    let plain = p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0;
-    if plain {
-        return draw_all(&probs, rng);
+    let probs = unnormalised(work, max, inv_t);
+    if is_plain(p) {
+        let total: f64 = probs.iter().map(|&x| x as f64).sum();
+        return draw_all(&probs, total, rng);
     }
     // Candidate set, most likely first.
     let mut idx: Vec<usize> = (0..probs.len()).collect();
@@ -213,8 +245,8 @@ fn sample_filtered(work: &mut [f32], p: &SamplingParams, rng: &mut Rng) -> usize
     draw(&probs, &idx, rng)
 }
 
-fn draw_all(probs: &[f32], rng: &mut Rng) -> usize {
-    let total: f64 = probs.iter().map(|&x| x as f64).sum();
+/// Draws an index with probability `probs[i] / total` (`total` = the sum of `probs`).
+fn draw_all(probs: &[f32], total: f64, rng: &mut Rng) -> usize {
     let target = rng.next_f64() * total;
     let mut acc = 0.0f64;
     for (i, &x) in probs.iter().enumerate() {
@@ -268,6 +300,35 @@ mod tests {
         for (i, w) in [1.0, 2.0, 3.0].iter().enumerate() {
             let f = c[i] as f64 / 60_000.0;
             assert!((f - w / 6.0).abs() < 0.01, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn plain_sampling_reports_the_tempered_logprob() {
+        // The one-pass path (plain sampling) against the general formula, at T = 1 and T = 0.7,
+        // over a vocabulary with very unlikely and -inf entries.
+        let l: Vec<f32> = (0..1000)
+            .map(|i| match i % 7 {
+                0 => f32::NEG_INFINITY,
+                k => (i as f32 * 0.37).sin() * 9.0 - k as f32,
+            })
+            .collect();
+        for t in [1.0f32, 0.7] {
+            let p = SamplingParams {
+                temperature: t,
+                ..SamplingParams::default()
+            };
+            let mut rng = Rng::new(5, 0, 0);
+            for _ in 0..50 {
+                let s = sample(&l, &[], &p, &mut rng);
+                assert!(l[s.token as usize].is_finite());
+                let want = log_softmax_at(&l, 1.0 / t, s.token as usize);
+                assert!(
+                    (s.logprob - want).abs() < 1e-5,
+                    "T {t}: {} vs {want}",
+                    s.logprob
+                );
+            }
         }
     }
 
