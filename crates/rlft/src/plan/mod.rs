@@ -6,8 +6,8 @@
 //! | phase | alive besides the process baseline, the policy weights and (after the first step) the optimizer state |
 //! |---|---|
 //! | `load` | the file being read (a GGUF whole, or the largest safetensors shard), the largest tensor's f32 conversion; with full fine-tuning the loaded weights while their trainable copies are made |
-//! | `eval` | GRPO eval generation: the LoRA-merged rollout copy, KV caches of 16 prompts |
-//! | `generate` | the rollout copy, KV caches of every completion of a rollout |
+//! | `eval` | GRPO eval generation: KV caches of 16 prompts (bf16 LoRA: the merged rollout copy) |
+//! | `generate` | KV caches of every completion of a rollout (bf16 LoRA: the merged copy) |
 //! | `score` | a no-grad log-prob pass (GRPO reference / old policy, SFT eval loss) |
 //! | `update` | gradients (the micro-batch's and the accumulated sums; one set with a single f32 micro-batch), one micro-batch's activations |
 //! | `checkpoint` | a copy of the optimizer state, each tensor's write buffers |
@@ -642,7 +642,7 @@ pub fn generation(
 ///   micro-batch of f32 gradients only `T x 4` (they become the sums);
 /// - GRPO full fine-tuning with `beta > 0`: a reference copy `P x w`; SFT full fine-tuning keeps
 ///   the loaded weights beside the trainable copies (`P x w`);
-/// - LoRA rollout/eval/export: the merged copy of the adapted weights;
+/// - LoRA export (and bf16 rollout/eval): the merged copy of the adapted weights;
 /// - rollout KV caches: `prompts x G x L x 2 x kv_heads x head_dim x (prompt + completion) x
 ///   4` (f32) or x 2 (bf16), see [`generation`];
 /// - activations: [`activations::activations`].
@@ -848,20 +848,35 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
     let kv_bytes = w;
     match &run.workload {
         Workload::Grpo(g) => {
-            add(
-                "rollout_model",
-                "rollout model (LoRA merged)".into(),
-                merge,
-                if merged_elems.is_empty() {
-                    "full fine-tuning: generation shares the policy weights".into()
-                } else {
+            // The f32 CPU decoder adds the adapters' low-rank update itself; the bf16 path
+            // generates from a merged copy. The final export always merges.
+            let (name, detail, phases): (&str, String, &[Phase]) = if merged_elems.is_empty() {
+                (
+                    "rollout model",
+                    "full fine-tuning: generation shares the policy weights".into(),
+                    &[Phase::Eval, Phase::Generate, Phase::Export],
+                )
+            } else if run.bf16 {
+                (
+                    "rollout model (LoRA merged)",
                     format!(
                         "generation runs on a copy with the adapters merged: {} params x {dtype}",
                         count(run.tuning.merged_params(dims))
-                    )
-                },
-                &[Phase::Eval, Phase::Generate, Phase::Export],
-            );
+                    ),
+                    &[Phase::Eval, Phase::Generate, Phase::Export],
+                )
+            } else {
+                (
+                    "merged model (export)",
+                    format!(
+                        "generation adds the adapters to the frozen base as it decodes; the \
+                         final export merges them into a copy: {} params x {dtype}",
+                        count(run.tuning.merged_params(dims))
+                    ),
+                    &[Phase::Export],
+                )
+            };
+            add("rollout_model", name.into(), merge, detail, phases);
             let positions = g.prompt_tokens + g.completion_tokens;
             add(
                 "generation",

@@ -316,6 +316,24 @@ fn checkpointing_keeps_layer_inputs_and_one_layer() {
 }
 
 #[test]
+fn lora_rollouts_merge_only_in_bf16() {
+    let d = tiny();
+    let mut run = grpo(6, true, false);
+    run.tuning = lora_qv();
+    // f32: the fused decoder adds the adapters as it decodes; only the export merges.
+    let p = estimate(&d, &run, &ENV).unwrap();
+    assert_eq!(
+        p.component("rollout_model").unwrap().phases,
+        [Phase::Export]
+    );
+    // bf16 generates from a merged copy.
+    run.bf16 = true;
+    let b = estimate(&d, &run, &ENV).unwrap();
+    let phases = &b.component("rollout_model").unwrap().phases;
+    assert!(phases.contains(&Phase::Generate) && phases.contains(&Phase::Eval));
+}
+
+#[test]
 fn gguf_decode_blocks_live_where_they_are_read() {
     let d = tiny();
     let env = Environment {
