@@ -5,7 +5,7 @@
 #
 #   scripts/plan-check.sh [CASE...]     cases: grpo-lora grpo-full grpo-lora-unshared
 #                                       grpo-lora-unshared-72 grpo-lora-bf16 sft-lora sft-full
-#                                       (default: all)
+#                                       sft-lora-ckpt grpo-lora-unshared-ckpt (default: all)
 #
 # Build first (cargo build --release). On a shared machine run it under
 # `flock /tmp/rlft-bench.lock`. Work files go to $WORK (default /tmp/rlft-plan-check).
@@ -17,7 +17,7 @@ mkdir -p "$WORK"
 CASES=("$@")
 if [ ${#CASES[@]} -eq 0 ]; then
   CASES=(grpo-lora grpo-full grpo-lora-unshared grpo-lora-unshared-72 grpo-lora-bf16 sft-lora
-    sft-full)
+    sft-full sft-lora-ckpt grpo-lora-unshared-ckpt)
 fi
 
 "$RLFT" fetch-model >/dev/null
@@ -51,6 +51,9 @@ args() {
     sft-lora) echo sft; printf '%s\n' "${SFT[@]}" ;;
     sft-full) echo sft; printf '%s\n' "${SFT[@]}" --set use_peft=false \
       --set learning_rate=1e-5 ;;
+    sft-lora-ckpt) echo sft; printf '%s\n' "${SFT[@]}" --set gradient_checkpointing=true ;;
+    grpo-lora-unshared-ckpt) echo grpo; printf '%s\n' "${GRPO[@]}" --set share_prompts=false \
+      --set gradient_checkpointing=true ;;
     *) echo "unknown case $1" >&2; exit 2 ;;
   esac
 }

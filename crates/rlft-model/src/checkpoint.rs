@@ -163,6 +163,32 @@ impl Drop for Checkpointing {
     }
 }
 
+impl crate::decoder::CausalLm {
+    /// Per layer, the LoRA dropout draw counters of its adapters (for
+    /// [`crate::checkpoint`]'s replay).
+    pub(crate) fn dropout_counters(&self) -> Vec<Vec<Arc<std::sync::atomic::AtomicU64>>> {
+        self.layers
+            .iter()
+            .map(|l| {
+                let a = &l.self_attn;
+                let m = &l.mlp;
+                [
+                    &a.q_proj,
+                    &a.k_proj,
+                    &a.v_proj,
+                    &a.o_proj,
+                    &m.gate_proj,
+                    &m.up_proj,
+                    &m.down_proj,
+                ]
+                .iter()
+                .filter_map(|lin| lin.lora.as_ref().map(|l| l.draws.clone()))
+                .collect()
+            })
+            .collect()
+    }
+}
+
 /// Moves the gradients of `vars` from `from` into `into`, adding to what is there.
 fn take_vars(from: &mut GradStore, vars: &[(String, Var)], into: &mut GradStore) -> Result<()> {
     for (_, var) in vars {

@@ -721,7 +721,11 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
         add(
             "decode_blocks",
             "GGUF blocks for decoding".into(),
-            Sized::one(env.decode_block_bytes),
+            // Per tensor a few small buffers (the largest, the head's, under 32 MiB): heap.
+            Sized {
+                bytes: env.decode_block_bytes,
+                fresh_bytes: 0,
+            },
             "the frozen weights' Q4_1/Q8_0 blocks, read by the decode kernel".into(),
             if kept { &ALL } else { &[Phase::Load] },
         );
