@@ -71,18 +71,28 @@ pub fn matmul_wt(
     out: &mut [f32],
 ) {
     debug_assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
-    // Computed column block by column block, transposed ([n, m]) so tasks write disjoint
-    // contiguous slices; transposed back at the end (m * n is small).
+    by_column_blocks(m, n, bias, out, |j0, cols, chunk| {
+        dot_block(x, m, k, &w[j0 * k..(j0 + cols) * k], chunk)
+    });
+}
+
+/// Fills `out [m, n]` (+ `bias [n]`) block of output columns by block, in parallel:
+/// `block(j0, cols, t)` writes columns `j0..j0 + cols` transposed, `t[c * m + i] = out[i][j0 +
+/// c]`, so tasks write disjoint contiguous slices; the result is transposed back at the end
+/// (`m * n` is small).
+pub(crate) fn by_column_blocks(
+    m: usize,
+    n: usize,
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    block: impl Fn(usize, usize, &mut [f32]) + Sync,
+) {
     let mut out_t = vec![0f32; n * m];
     let per_task = cols_per_task(n);
     out_t
         .par_chunks_mut(per_task * m)
         .enumerate()
-        .for_each(|(blk, chunk)| {
-            let j0 = blk * per_task;
-            let cols = chunk.len() / m;
-            dot_block(x, m, k, &w[j0 * k..(j0 + cols) * k], chunk);
-        });
+        .for_each(|(blk, chunk)| block(blk * per_task, chunk.len() / m, chunk));
     for j in 0..n {
         let b = bias.map_or(0.0, |b| b[j]);
         for i in 0..m {

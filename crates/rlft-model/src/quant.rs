@@ -16,11 +16,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use candle_core::{Tensor, TensorId};
-use rayon::prelude::*;
 use rlft_gguf::GgmlType;
 
 use crate::decoder::CausalLm;
-use crate::kernels::{cols_per_task, dot_block, TILE_COLS};
+use crate::kernels::{by_column_blocks, dot_block, TILE_COLS};
 
 fn blocks_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -265,28 +264,16 @@ impl QuantWeight {
     pub fn matmul_wt(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let (n, k) = (self.rows, self.cols);
         debug_assert!(x.len() >= m * k && out.len() >= m * n);
-        let mut out_t = vec![0f32; n * m];
-        let per_task = cols_per_task(n);
-        out_t
-            .par_chunks_mut(per_task * m)
-            .enumerate()
-            .for_each(|(blk, chunk)| {
-                let j0 = blk * per_task;
-                let cols = chunk.len() / m;
-                let mut w = vec![0f32; DEQUANT_ROWS * k];
-                let mut j = 0;
-                while j < cols {
-                    let nc = (cols - j).min(DEQUANT_ROWS);
-                    self.dequant_rows(j0 + j, nc, &mut w);
-                    dot_block(x, m, k, &w[..nc * k], &mut chunk[j * m..(j + nc) * m]);
-                    j += nc;
-                }
-            });
-        for j in 0..n {
-            for i in 0..m {
-                out[i * n + j] = out_t[j * m + i];
+        by_column_blocks(m, n, None, out, |j0, cols, chunk| {
+            let mut w = vec![0f32; DEQUANT_ROWS * k];
+            let mut j = 0;
+            while j < cols {
+                let nc = (cols - j).min(DEQUANT_ROWS);
+                self.dequant_rows(j0 + j, nc, &mut w);
+                dot_block(x, m, k, &w[..nc * k], &mut chunk[j * m..(j + nc) * m]);
+                j += nc;
             }
-        }
+        });
     }
 }
 
