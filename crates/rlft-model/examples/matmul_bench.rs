@@ -112,7 +112,52 @@ fn main() -> candle_core::Result<()> {
     }
     decode_step();
     split_vs_gemm_threads();
+    fma_peak();
     Ok(())
+}
+
+/// This CPU's f32 FMA peak, the ceiling for every product above: 12 independent chains of
+/// 8-lane FMAs per thread (enough to fill both FMA pipes of a core), on every rayon thread at
+/// once.
+fn fma_peak() {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        const ITERS: usize = 50_000_000;
+        let threads = rayon::current_num_threads();
+        let t = Instant::now();
+        let sums: Vec<f32> = rayon::broadcast(|_| {
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            unsafe { fma_chains(ITERS) }
+        });
+        let secs = t.elapsed().as_secs_f64();
+        let flops = (threads * ITERS * 12 * 16) as f64;
+        println!(
+            "f32 FMA peak: {:.1} GFLOP/s on {threads} threads ({:.1} per thread; checksum {:.3})",
+            flops / secs / 1e9,
+            flops / secs / 1e9 / threads as f64,
+            sums.iter().sum::<f32>()
+        );
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_chains(iters: usize) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_set1_ps(0.001); 12];
+    let (b, c) = (_mm256_set1_ps(0.9999), _mm256_set1_ps(0.0001));
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm256_fmadd_ps(*a, b, c);
+        }
+    }
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(
+        out.as_mut_ptr(),
+        acc.iter()
+            .fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a)),
+    );
+    std::hint::black_box(out[0])
 }
 
 /// Columns `j0..j0 + nj` of `dst [m, n] = a [m, k] @ w [n, k]^T` on `par`.

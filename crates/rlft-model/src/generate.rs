@@ -105,6 +105,16 @@ pub fn generate_with(
     detok: &dyn Detokenize,
     fused: bool,
 ) -> Result<Vec<Completion>> {
+    // Decoding runs many short parallel loops: start them from a pool worker.
+    crate::runtime::on_pool(|| generate_on_thread(model, req, detok, fused))
+}
+
+fn generate_on_thread(
+    model: &CausalLm,
+    req: &GenerateRequest,
+    detok: &dyn Detokenize,
+    fused: bool,
+) -> Result<Vec<Completion>> {
     if fused && !decode_fast::supported(model) {
         return Err(ModelError::Invalid(
             "the fused decode path needs an f32 model on the CPU".into(),
