@@ -105,8 +105,13 @@ pub fn generate_with(
     detok: &dyn Detokenize,
     fused: bool,
 ) -> Result<Vec<Completion>> {
-    // Decoding runs many short parallel loops: start them from a pool worker.
-    crate::runtime::on_pool(|| generate_on_thread(model, req, detok, fused))
+    // Decoding on the CPU runs many short parallel loops: start them from a pool worker. A GPU
+    // keeps the calling thread (the one its context was made on).
+    if model.device().is_cpu() {
+        crate::runtime::on_pool(|| generate_on_thread(model, req, detok, fused))
+    } else {
+        generate_on_thread(model, req, detok, fused)
+    }
 }
 
 fn generate_on_thread(
