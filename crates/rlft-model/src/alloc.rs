@@ -20,7 +20,7 @@
 /// Applies the settings (glibc on Linux; elsewhere a no-op). Call once, early in `main`.
 /// `RLFT_MALLOC_TUNE=0` leaves the allocator alone.
 pub fn tune_malloc() {
-    if std::env::var("RLFT_MALLOC_TUNE").is_ok_and(|v| v == "0") {
+    if crate::runtime::switched_off("RLFT_MALLOC_TUNE") {
         return;
     }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -23,7 +23,7 @@ use crate::kernels::{by_column_blocks, dot_block, TILE_COLS};
 
 fn blocks_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("RLFT_DECODE_BLOCKS").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| !crate::runtime::switched_off("RLFT_DECODE_BLOCKS"))
 }
 
 /// Weights per block (Q4_1 and Q8_0).

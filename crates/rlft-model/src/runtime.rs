@@ -15,7 +15,7 @@ pub const BARRIER_SPIN: u32 = 200;
 /// Applies every setting; `RLFT_RUNTIME_TUNE=0` leaves the process as it is (for A/B checks).
 /// Must run before any tensor op (candle reads its settings once, at its first parallel op).
 pub fn tune() {
-    if std::env::var("RLFT_RUNTIME_TUNE").is_ok_and(|v| v == "0") {
+    if switched_off("RLFT_RUNTIME_TUNE") {
         return;
     }
     crate::alloc::tune_malloc();
@@ -29,17 +29,22 @@ pub fn tune() {
 /// Runs `f` on a worker thread of rayon's global pool (the caller blocks until it returns), so
 /// that the parallel loops inside it start from a worker: the worker runs its share of each
 /// loop itself and never sleeps on a lock waiting for the others. From a thread outside the
-/// pool every parallel loop puts the caller to sleep and wakes it again, about 30 us more per
-/// loop on this project's 2-core machine; a decode step runs some 250 short loops (each
-/// product, the attention), so generation runs here. `RLFT_ON_POOL=0` runs `f` on the
-/// calling thread (A/B); so does a call from inside the pool.
+/// pool every parallel loop puts the caller to sleep and wakes it again; a decode step runs
+/// some 250 short loops (each product, the attention), so generation runs here (measured in
+/// `docs/kernels.md`). `RLFT_ON_POOL=0` runs `f` on the calling thread (A/B); so does a call
+/// from inside the pool.
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    let off = std::env::var("RLFT_ON_POOL").is_ok_and(|v| v == "0");
-    if off || rayon::current_thread_index().is_some() {
+    if switched_off("RLFT_ON_POOL") || rayon::current_thread_index().is_some() {
         f()
     } else {
         rayon::scope(|_| f())
     }
+}
+
+/// Whether the environment variable `var` is set to `0`: how every `RLFT_*` A/B switch of
+/// this crate turns its setting off.
+pub(crate) fn switched_off(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v == "0")
 }
 
 #[cfg(test)]
@@ -54,7 +59,7 @@ mod tests {
             let sum: u64 = (0..1000u64).into_par_iter().sum();
             (rayon::current_thread_index(), nested, sum)
         });
-        if std::env::var("RLFT_ON_POOL").is_ok_and(|v| v == "0") {
+        if super::switched_off("RLFT_ON_POOL") {
             assert_eq!(inside, None);
         } else {
             assert!(inside.is_some());
