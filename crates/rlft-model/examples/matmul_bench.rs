@@ -303,6 +303,40 @@ fn decode_step() {
         })
         .collect();
     let qbytes: usize = quant.iter().map(QuantWeight::size_in_bytes).sum();
+    // The kernel alone, weights in cache: one q_proj-sized and one down_proj-sized matrix,
+    // called over and over (what is left when memory is not the limit).
+    for (idx, name) in [(0usize, "576x576 Q4_1"), (6, "576x1536 Q4_1")] {
+        let q = &quant[idx];
+        let (n, k) = q.dims();
+        for m in [1usize, 8] {
+            let x = rnd(m * k);
+            let mut out = vec![0f32; m * n];
+            let calls = if std::env::var_os("IN_CACHE_ONLY").is_some() {
+                5000
+            } else {
+                200
+            };
+            // From a pool worker, as generation runs (no hand-over from the main thread).
+            let t = rlft_model::runtime::on_pool(|| {
+                time(
+                    || {
+                        for _ in 0..calls {
+                            q.matmul_wt(&x, m, &mut out);
+                        }
+                    },
+                    5,
+                )
+            }) / calls as f64;
+            println!(
+                "in cache {name:>13} m={m}: {:>7.1} us, {:>5.1} GFLOP/s",
+                t * 1e6,
+                2.0 * (m * n * k) as f64 / t / 1e9
+            );
+        }
+    }
+    if std::env::var_os("IN_CACHE_ONLY").is_some() {
+        return;
+    }
     for m in [1usize, 8] {
         let x = rnd(m * f);
         let mut out = vec![0f32; m * vocab];

@@ -39,6 +39,8 @@ pub mod lora;
 pub mod ops;
 pub mod peft;
 pub mod quant;
+#[cfg(target_arch = "x86_64")]
+mod quant_dot;
 pub mod runtime;
 pub mod safetensors_io;
 pub mod sampling;
