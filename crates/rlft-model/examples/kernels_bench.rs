@@ -196,6 +196,16 @@ fn main() -> Res<()> {
             Ok(x2.matmul(&wgv.as_tensor().t()?)?.reshape((B, T, INTER))?)
         },
     )?;
+    // What the adapter adds over its frozen base (same input, dx only).
+    row(
+        "frozen base [1536, 576]",
+        reps,
+        &|| Ok(fused::linear::linear(xin.as_tensor(), &wg, None)?),
+        &|| {
+            let x2 = xin.as_tensor().reshape((rows, HIDDEN))?;
+            Ok(rlft_model::ops::frozen_linear(&x2, &wg, None)?.reshape((B, T, INTER))?)
+        },
+    )?;
     let a = Var::from_tensor(&(rand(&[RANK, HIDDEN], 12)? * 0.05)?)?;
     let bm = Var::from_tensor(&(rand(&[INTER, RANK], 13)? * 0.05)?)?;
     row(

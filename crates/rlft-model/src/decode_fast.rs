@@ -14,6 +14,7 @@ use rayon::prelude::*;
 use crate::decoder::CausalLm;
 use crate::error::{ModelError, Result};
 use crate::kernels::{dot, matmul_wt, SMALL_M};
+use crate::quant::QuantWeight;
 
 /// Keys and values of one sequence: per layer `[kv_heads, capacity, head_dim]`.
 #[derive(Debug, Clone)]
@@ -122,10 +123,50 @@ fn matmul(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
 fn linear(l: &crate::ops::Linear, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
     let (n, k) = l.weight.dims2()?;
     let out = &mut out[..m * n];
-    match &l.quant {
-        Some(q) if m <= SMALL_M && q.mirrors(&l.weight) => q.matmul_wt(x, m, out),
-        _ => with_f32(&l.weight, |w| matmul(x, m, k, w, n, out))?,
+    match block_weight(l, m) {
+        Some(q) => q.matmul_wt(x, m, out),
+        None => with_f32(&l.weight, |w| matmul(x, m, k, w, n, out))?,
     }
+    bias_and_adapter(l, x, m, out)
+}
+
+/// The GGUF blocks a decode step (`m` small) reads instead of `l`'s f32 weight, if any.
+fn block_weight(l: &crate::ops::Linear, m: usize) -> Option<&QuantWeight> {
+    l.quant
+        .as_deref()
+        .filter(|q| m <= SMALL_M && q.mirrors(&l.weight))
+}
+
+/// [`linear`] for layers reading the same `x` (q/k/v; gate/up): when all decode from GGUF
+/// blocks, their products run as one parallel loop.
+fn linears(ls: &[&crate::ops::Linear], x: &[f32], m: usize, outs: &mut [&mut [f32]]) -> Result<()> {
+    let blocks: Option<Vec<&QuantWeight>> = ls.iter().map(|l| block_weight(l, m)).collect();
+    let Some(blocks) = blocks else {
+        for (l, o) in ls.iter().zip(outs.iter_mut()) {
+            linear(l, x, m, o)?;
+        }
+        return Ok(());
+    };
+    let mut sized: Vec<&mut [f32]> = Vec::with_capacity(ls.len());
+    for ((l, o), q) in ls.iter().zip(outs.iter_mut()).zip(&blocks) {
+        let n = l.weight.dim(0)?;
+        if q.dims().0 != n {
+            return Err(ModelError::Invalid(
+                "decode blocks do not match their layer".into(),
+            ));
+        }
+        sized.push(&mut o[..m * n]);
+    }
+    QuantWeight::matmul_wt_many(&blocks, x, m, &mut sized);
+    for (l, o) in ls.iter().zip(sized.iter_mut()) {
+        bias_and_adapter(l, x, m, o)?;
+    }
+    Ok(())
+}
+
+/// Adds `l`'s bias and its enabled adapter's update (no dropout) to `out [m, n] = x @ W^T`.
+fn bias_and_adapter(l: &crate::ops::Linear, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
+    let (n, k) = l.weight.dims2()?;
     if let Some(b) = &l.bias {
         with_f32(b, |b| {
             out.par_chunks_mut(n)
@@ -343,9 +384,12 @@ fn run(
             rms_norm_rows(&b.x, w, eps, h, &mut b.hs)
         })?;
         let a = &layer.self_attn;
-        linear(&a.q_proj, &b.hs, n, &mut b.q)?;
-        linear(&a.k_proj, &b.hs, n, &mut b.k)?;
-        linear(&a.v_proj, &b.hs, n, &mut b.v)?;
+        linears(
+            &[&a.q_proj, &a.k_proj, &a.v_proj],
+            &b.hs,
+            n,
+            &mut [&mut b.q, &mut b.k, &mut b.v],
+        )?;
         if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
             let qc = b.q.clone();
             with_f32(qn, |w| rms_norm_rows(&qc, w, eps, hd, &mut b.q))?;
@@ -417,8 +461,12 @@ fn run(
         with_f32(&layer.post_attention_layernorm, |w| {
             rms_norm_rows(&b.x, w, eps, h, &mut b.hs)
         })?;
-        linear(&layer.mlp.gate_proj, &b.hs, n, &mut b.gate)?;
-        linear(&layer.mlp.up_proj, &b.hs, n, &mut b.up)?;
+        linears(
+            &[&layer.mlp.gate_proj, &layer.mlp.up_proj],
+            &b.hs,
+            n,
+            &mut [&mut b.gate, &mut b.up],
+        )?;
         let swiglu = |(g, u): (&mut [f32], &[f32])| {
             g.iter_mut()
                 .zip(u)

@@ -19,6 +19,8 @@ use candle_core::{Tensor, TensorId};
 use rlft_gguf::GgmlType;
 
 use crate::decoder::CausalLm;
+use rayon::prelude::*;
+
 use crate::kernels::{by_column_blocks, dot_block, TILE_COLS};
 
 fn blocks_enabled() -> bool {
@@ -292,6 +294,67 @@ impl QuantWeight {
         self.matmul_wt_tiles(x, m, out);
     }
 
+    /// [`Self::matmul_wt`] for several weights with the same number of columns over the same
+    /// `x` (a layer's q/k/v, or gate/up): `outs[i] [m, rows_i] = x @ W_i^T`, all their rows in
+    /// one parallel loop (a decode step runs one loop instead of three, and the tasks of the
+    /// small k/v products balance against q's).
+    pub fn matmul_wt_many(ws: &[&QuantWeight], x: &[f32], m: usize, outs: &mut [&mut [f32]]) {
+        assert_eq!(ws.len(), outs.len());
+        #[cfg(target_arch = "x86_64")]
+        {
+            let k = ws.first().map_or(0, |w| w.cols);
+            if crate::quant_dot::available()
+                && fused_dot_enabled()
+                && ws.iter().all(|w| w.cols == k)
+            {
+                let nb = k / BLOCK;
+                let threads = rayon::current_num_threads().max(1);
+                let total: usize = ws.iter().map(|w| w.rows).sum();
+                // About 8 tasks per thread over all rows, as `by_column_blocks`.
+                let per = total.div_ceil(threads * 8).clamp(8, 256);
+                let mut tasks = Vec::new();
+                for (wi, w) in ws.iter().enumerate() {
+                    for j0 in (0..w.rows).step_by(per) {
+                        tasks.push((wi, j0, per.min(w.rows - j0)));
+                    }
+                }
+                let dst: Vec<SendPtr> = outs.iter_mut().map(|o| SendPtr(o.as_mut_ptr())).collect();
+                tasks.par_iter().for_each(|&(wi, j0, cols)| {
+                    let w = ws[wi];
+                    let (b0, b1) = (j0 * nb, (j0 + cols) * nb);
+                    let layout = match &w.blocks {
+                        Blocks::Q4_1 { d, m, qs } => crate::quant_dot::Layout::Q4_1 {
+                            d: &d[b0..b1],
+                            m: &m[b0..b1],
+                            qs: &qs[b0 * 16..b1 * 16],
+                        },
+                        Blocks::Q8_0 { d, qs } => crate::quant_dot::Layout::Q8_0 {
+                            d: &d[b0..b1],
+                            qs: &qs[b0 * BLOCK..b1 * BLOCK],
+                        },
+                    };
+                    let mut t = vec![0f32; cols * m];
+                    // SAFETY: the CPU has AVX2 and FMA (checked above); the slices hold the
+                    // blocks of `cols` whole rows and `t` is `cols * m` long.
+                    unsafe { crate::quant_dot::matmul_blocks(x, m, k, layout, &mut t) };
+                    let n = w.rows;
+                    let out = dst[wi];
+                    for (c, col) in t.chunks_exact(m).enumerate() {
+                        for (i, v) in col.iter().enumerate() {
+                            // SAFETY: `outs[wi]` holds `m * n` values (checked by the caller's
+                            // shapes) and tasks own disjoint columns `j0..j0 + cols`.
+                            unsafe { *out.0.add(i * n + j0 + c) = *v };
+                        }
+                    }
+                });
+                return;
+            }
+        }
+        for (w, o) in ws.iter().zip(outs.iter_mut()) {
+            w.matmul_wt(x, m, o);
+        }
+    }
+
     /// [`Self::matmul_wt`] through an f32 scratch tile and the streaming kernel (any CPU).
     fn matmul_wt_tiles(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let (n, k) = (self.rows, self.cols);
@@ -307,6 +370,14 @@ impl QuantWeight {
         });
     }
 }
+
+/// An output pointer shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: only used for writes to disjoint elements from rayon tasks that end before the
+// buffer does.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
 
 /// `RLFT_FUSED_DEQUANT=0` sends the block matmul through the scratch-tile path (A/B checks).
 fn fused_dot_enabled() -> bool {
@@ -471,6 +542,38 @@ mod tests {
                         "{ty:?} {m}x{rows}x{cols} (tiles): {t} vs {b}"
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn many_weights_in_one_loop_equal_one_by_one() {
+        for m in [1usize, 3, 8, 11] {
+            let cols = 640;
+            let ws: Vec<QuantWeight> = [
+                (37usize, GgmlType::Q4_1),
+                (5, GgmlType::Q4_1),
+                (300, GgmlType::Q8_0),
+            ]
+            .iter()
+            .enumerate()
+            .map(|(i, &(rows, ty))| {
+                let data = random_blocks(ty, rows, cols, 10 + i as u64);
+                QuantWeight::from_gguf(ty, rows, cols, &data).unwrap()
+            })
+            .collect();
+            let mut rng = rand::rngs::StdRng::seed_from_u64(m as u64);
+            let x: Vec<f32> = (0..m * cols)
+                .map(|_| rng.random_range(-1f32..1.0))
+                .collect();
+            let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0f32; m * w.rows]).collect();
+            let refs: Vec<&QuantWeight> = ws.iter().collect();
+            let mut views: Vec<&mut [f32]> = outs.iter_mut().map(|o| o.as_mut_slice()).collect();
+            QuantWeight::matmul_wt_many(&refs, &x, m, &mut views);
+            for (w, got) in ws.iter().zip(&outs) {
+                let mut want = vec![0f32; m * w.rows];
+                w.matmul_wt(&x, m, &mut want);
+                assert_eq!(got, &want, "m = {m}, {} rows", w.rows);
             }
         }
     }
