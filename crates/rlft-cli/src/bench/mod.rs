@@ -11,6 +11,7 @@ mod cases;
 mod grpo;
 mod reference;
 mod report;
+mod rounds;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -116,6 +117,11 @@ pub struct BenchArgs {
     /// passed to the reference too.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
+    /// Rounds per case: rlft then the reference, repeated, each a fresh process with `--reps`
+    /// timed repetitions; each side's repetitions of all rounds are pooled. On a shared machine
+    /// whose speed drifts over minutes this keeps a slow spell from landing on one side only.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rounds: u64,
     /// After each rlft case, run the reference's same case (bench.py --run-case CASE, or
     /// grpo.py) and report its median, its peak RSS and the ratio rlft time / reference time
     /// (below 1: rlft is faster). Without the reference venv, says how to build it and runs
@@ -199,23 +205,40 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut results = Map::new();
     let mut failed = Vec::new();
     for case in cases.iter().copied() {
-        eprintln!("== {}: rlft", case.name());
-        let ours = match run_child(case, &a, &model_path) {
-            Ok(v) => v,
-            Err(e) => {
-                eprintln!("error: rlft bench {}: {e:#}", case.name());
-                failed.push(case.name());
-                json!({"error": format!("{e:#}")})
+        let (mut ours_rounds, mut theirs_rounds) = (Vec::new(), Vec::new());
+        for round in 1..=a.rounds {
+            let of = if a.rounds > 1 {
+                format!(" (round {round} of {})", a.rounds)
+            } else {
+                String::new()
+            };
+            eprintln!("== {}: rlft{of}", case.name());
+            let ours = match run_child(case, &a, &model_path) {
+                Ok(v) => v,
+                Err(e) => {
+                    eprintln!("error: rlft bench {}: {e:#}", case.name());
+                    json!({"error": format!("{e:#}")})
+                }
+            };
+            let failed_round = ours.get("error").is_some();
+            ours_rounds.push(ours);
+            theirs_rounds.push(match &reference {
+                Some(r) => r.run_case(case, &a, &results),
+                None => report::RefOutcome {
+                    summary: None,
+                    note: None,
+                    failed: false,
+                },
+            });
+            if failed_round {
+                break;
             }
-        };
-        let theirs = match &reference {
-            Some(r) => r.run_case(case, &a, &results),
-            None => report::RefOutcome {
-                summary: None,
-                note: None,
-                failed: false,
-            },
-        };
+        }
+        let ours = rounds::merge_ours(ours_rounds);
+        if ours.get("error").is_some() {
+            failed.push(case.name());
+        }
+        let theirs = rounds::merge_reference(theirs_rounds);
         let entry = report::case_entry(case, ours, theirs, a.against_reference);
         for w in entry["warnings"].as_array().into_iter().flatten() {
             eprintln!(
@@ -235,6 +258,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "cases": cases.iter().map(|c| c.name()).collect::<Vec<_>>(),
             "reps": a.reps,
             "warmup": a.warmup,
+            "rounds": a.rounds,
             "model": a.model.model,
             "model_path": model_path,
             "dtype": a.model.dtype,

@@ -229,8 +229,8 @@ pub fn print_table(result: &Value) {
     let s = &result["settings"];
     let with_ref = s["against_reference"].as_bool().unwrap_or(false);
     println!(
-        "rlft bench: {} threads, {}, commit {}{}, {}; {} timed reps after {} warm-up; peak RSS \
-         = VmHWM from the end of loading",
+        "rlft bench: {} threads, {}, commit {}{}, {}; {} timed reps after {} warm-up{}; peak \
+         RSS = VmHWM from the end of loading",
         m["threads"],
         m["cpu_model"].as_str().unwrap_or("unknown CPU"),
         m["git_commit"]
@@ -244,6 +244,11 @@ pub fn print_table(result: &Value) {
         m["date_utc"].as_str().unwrap_or(""),
         s["reps"],
         s["warmup"],
+        match s["rounds"].as_u64() {
+            Some(n) if n > 1 =>
+                format!(", x {n} interleaved rounds (rlft, reference, rlft, ...), reps pooled"),
+            _ => String::new(),
+        },
     );
     let mut header = format!(
         "{:<9} {:>11} {:>19} {:>10}",
