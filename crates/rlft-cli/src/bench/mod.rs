@@ -222,14 +222,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
             };
             let failed_round = ours.get("error").is_some();
             ours_rounds.push(ours);
-            theirs_rounds.push(match &reference {
-                Some(r) => r.run_case(case, &a, &results),
-                None => report::RefOutcome {
-                    summary: None,
-                    note: None,
-                    failed: false,
-                },
-            });
+            // ref_pass has no reference run of its own (its figure is fwd_bwd's, already
+            // pooled over fwd_bwd's rounds): look it up once.
+            if case != Case::RefPass || round == 1 {
+                theirs_rounds.push(match &reference {
+                    Some(r) => r.run_case(case, &a, &results),
+                    None => report::RefOutcome {
+                        summary: None,
+                        note: None,
+                        failed: false,
+                    },
+                });
+            }
             if failed_round {
                 break;
             }
