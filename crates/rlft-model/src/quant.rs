@@ -270,25 +270,9 @@ impl QuantWeight {
         #[cfg(target_arch = "x86_64")]
         {
             if crate::quant_dot::available() && fused_dot_enabled() {
-                let nb = k / BLOCK;
-                by_column_blocks(m, n, None, out, |j0, cols, chunk| {
-                    let (b0, b1) = (j0 * nb, (j0 + cols) * nb);
-                    let w = match &self.blocks {
-                        Blocks::Q4_1 { d, m, qs } => crate::quant_dot::Layout::Q4_1 {
-                            d: &d[b0..b1],
-                            m: &m[b0..b1],
-                            qs: &qs[b0 * 16..b1 * 16],
-                        },
-                        Blocks::Q8_0 { d, qs } => crate::quant_dot::Layout::Q8_0 {
-                            d: &d[b0..b1],
-                            qs: &qs[b0 * BLOCK..b1 * BLOCK],
-                        },
-                    };
-                    // SAFETY: the CPU has AVX2 and FMA (checked above); the slices hold the
-                    // blocks of `cols` whole rows and `chunk` is `cols * m` long.
-                    unsafe { crate::quant_dot::matmul_blocks(x, m, k, w, chunk) }
-                });
-                return;
+                // Tasks write their columns of `out` directly (no transposed copy to undo on
+                // the calling thread: 393K values per decode step for a 49K-token head).
+                return Self::matmul_wt_many(&[self], x, m, &mut [out]);
             }
         }
         self.matmul_wt_tiles(x, m, out);
@@ -300,6 +284,12 @@ impl QuantWeight {
     /// small k/v products balance against q's).
     pub fn matmul_wt_many(ws: &[&QuantWeight], x: &[f32], m: usize, outs: &mut [&mut [f32]]) {
         assert_eq!(ws.len(), outs.len());
+        assert!(
+            ws.iter()
+                .zip(outs.iter())
+                .all(|(w, o)| o.len() >= m * w.rows),
+            "matmul_wt_many: an output holds fewer than m * rows values"
+        );
         #[cfg(target_arch = "x86_64")]
         {
             let k = ws.first().map_or(0, |w| w.cols);
@@ -341,8 +331,8 @@ impl QuantWeight {
                     let out = dst[wi];
                     for (c, col) in t.chunks_exact(m).enumerate() {
                         for (i, v) in col.iter().enumerate() {
-                            // SAFETY: `outs[wi]` holds `m * n` values (checked by the caller's
-                            // shapes) and tasks own disjoint columns `j0..j0 + cols`.
+                            // SAFETY: `outs[wi]` holds at least `m * n` values (asserted
+                            // above) and tasks own disjoint columns `j0..j0 + cols`.
                             unsafe { *out.0.add(i * n + j0 + c) = *v };
                         }
                     }
