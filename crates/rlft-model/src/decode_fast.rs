@@ -148,14 +148,9 @@ fn linears(ls: &[&crate::ops::Linear], x: &[f32], m: usize, outs: &mut [&mut [f3
         return Ok(());
     };
     let mut sized: Vec<&mut [f32]> = Vec::with_capacity(ls.len());
-    for ((l, o), q) in ls.iter().zip(outs.iter_mut()).zip(&blocks) {
-        let n = l.weight.dim(0)?;
-        if q.dims().0 != n {
-            return Err(ModelError::Invalid(
-                "decode blocks do not match their layer".into(),
-            ));
-        }
-        sized.push(&mut o[..m * n]);
+    // `block_weight` only returns blocks that mirror their layer's weight (same shape).
+    for (o, q) in outs.iter_mut().zip(&blocks) {
+        sized.push(&mut o[..m * q.dims().0]);
     }
     QuantWeight::matmul_wt_many(&blocks, x, m, &mut sized);
     for (l, o) in ls.iter().zip(sized.iter_mut()) {

@@ -16,11 +16,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use candle_core::{Tensor, TensorId};
+use rayon::prelude::*;
 use rlft_gguf::GgmlType;
 
 use crate::decoder::CausalLm;
-use rayon::prelude::*;
-
 use crate::kernels::{by_column_blocks, dot_block, TILE_COLS};
 
 fn blocks_enabled() -> bool {

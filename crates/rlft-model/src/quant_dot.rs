@@ -73,32 +73,8 @@ pub(crate) unsafe fn matmul_blocks(x: &[f32], m: usize, k: usize, w: Layout, out
                     accumulate: b0 > 0,
                 };
                 match w {
-                    Layout::Q4_1 { d, m: mins, qs } => {
-                        let w = Q4_1 { d, m: mins, qs };
-                        match r {
-                            8 => g.run::<8, 1>(w),
-                            7 => g.run::<7, 1>(w),
-                            6 => g.run::<6, 1>(w),
-                            5 => g.run::<5, 1>(w),
-                            4 => g.run::<4, 2>(w),
-                            3 => g.run::<3, 2>(w),
-                            2 => g.run::<2, 4>(w),
-                            _ => g.run::<1, 4>(w),
-                        }
-                    }
-                    Layout::Q8_0 { d, qs } => {
-                        let w = Q8_0 { d, qs };
-                        match r {
-                            8 => g.run::<8, 1>(w),
-                            7 => g.run::<7, 1>(w),
-                            6 => g.run::<6, 1>(w),
-                            5 => g.run::<5, 1>(w),
-                            4 => g.run::<4, 2>(w),
-                            3 => g.run::<3, 2>(w),
-                            2 => g.run::<2, 4>(w),
-                            _ => g.run::<1, 4>(w),
-                        }
-                    }
+                    Layout::Q4_1 { d, m: mins, qs } => g.run_rows(r, Q4_1 { d, m: mins, qs }),
+                    Layout::Q8_0 { d, qs } => g.run_rows(r, Q8_0 { d, qs }),
                 }
                 i += r;
             }
@@ -179,6 +155,22 @@ struct Group {
 }
 
 impl Group {
+    /// [`Self::run`] for `rows` (1-8) rows of `x`, with the accumulator split that suits them.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn run_rows(&self, rows: usize, w: impl Dequant) {
+        match rows {
+            8 => self.run::<8, 1>(w),
+            7 => self.run::<7, 1>(w),
+            6 => self.run::<6, 1>(w),
+            5 => self.run::<5, 1>(w),
+            4 => self.run::<4, 2>(w),
+            3 => self.run::<3, 2>(w),
+            2 => self.run::<2, 4>(w),
+            _ => self.run::<1, 4>(w),
+        }
+    }
+
     /// `R` rows of `x`, `S` accumulators per row (weight vector `v` of a block goes to
     /// accumulator `v % S`): `R * S` independent FMA chains hide the FMA latency when `R` is
     /// small.
