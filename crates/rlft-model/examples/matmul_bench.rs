@@ -327,6 +327,22 @@ fn decode_step() {
                     5,
                 )
             }) / calls as f64;
+            let wf = &weights[idx];
+            let tf = rlft_model::runtime::on_pool(|| {
+                time(
+                    || {
+                        for _ in 0..calls {
+                            rlft_model::kernels::matmul_wt(&x, m, k, wf, n, None, &mut out);
+                        }
+                    },
+                    5,
+                )
+            }) / calls as f64;
+            println!(
+                "in cache {name:>13} m={m}: f32 {:>7.1} us, {:>5.1} GFLOP/s",
+                tf * 1e6,
+                2.0 * (m * n * k) as f64 / tf / 1e9
+            );
             println!(
                 "in cache {name:>13} m={m}: {:>7.1} us, {:>5.1} GFLOP/s",
                 t * 1e6,
@@ -341,7 +357,7 @@ fn decode_step() {
         let x = rnd(m * f);
         let mut out = vec![0f32; m * vocab];
         // Interleaved, so both variants see the same machine state.
-        let (mut tf, mut tq) = (Vec::new(), Vec::new());
+        let (mut tf, mut tp, mut tq) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..7 {
             tf.push(time(
                 || {
@@ -351,6 +367,16 @@ fn decode_step() {
                 },
                 1,
             ));
+            tp.push(rlft_model::runtime::on_pool(|| {
+                time(
+                    || {
+                        for (&(n, k), w) in shapes.iter().zip(&weights) {
+                            rlft_model::kernels::matmul_wt(&x, m, k, w, n, None, &mut out);
+                        }
+                    },
+                    1,
+                )
+            }));
             tq.push(time(
                 || {
                     for q in &quant {
@@ -360,7 +386,11 @@ fn decode_step() {
                 1,
             ));
         }
-        for (name, ts, b) in [("f32", &mut tf, bytes), ("blocks", &mut tq, qbytes)] {
+        for (name, ts, b) in [
+            ("f32", &mut tf, bytes),
+            ("f32 in pool", &mut tp, bytes),
+            ("blocks", &mut tq, qbytes),
+        ] {
             ts.sort_by(f64::total_cmp);
             let t = ts[ts.len() / 2];
             println!(

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Tensor};
 
-use super::{state_dtype, AdamW, ParamState};
+use super::{state_dtype, state_zeros, AdamW, ParamState};
 use crate::error::{Result, TrainError};
 
 const FIELDS: [&str; 4] = ["step", "exp_avg", "exp_avg_sq", "master"];
@@ -104,8 +104,11 @@ fn restore_one(i: usize, st: &ParamState, tensors: &HashMap<String, Tensor>) -> 
                  incomplete, save it again with AdamW::state_tensors"
             )));
         }
-        let zeros = Tensor::zeros(st.var.shape(), dtype, dev)?;
-        return Ok((0, zeros.clone(), zeros.zeros_like()?, None));
+        let (m, v) = (
+            state_zeros(st.var.shape(), dtype, dev)?,
+            state_zeros(st.var.shape(), dtype, dev)?,
+        );
+        return Ok((0, m, v, None));
     };
     let step = step.to_dtype(DType::F64)?.to_scalar::<f64>()?;
     if !(step.is_finite() && step >= 0.0 && step.fract() == 0.0) {
