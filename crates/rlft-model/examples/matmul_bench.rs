@@ -353,6 +353,41 @@ fn decode_step() {
     if std::env::var_os("IN_CACHE_ONLY").is_some() {
         return;
     }
+    {
+        // Where a batch-8 step's time goes: the layers' products, then the head alone.
+        let m = 8;
+        let x = rnd(m * f);
+        let mut out = vec![0f32; m * vocab];
+        let nl = quant.len() - 1;
+        let (mut tl, mut th) = (Vec::new(), Vec::new());
+        for _ in 0..7 {
+            tl.push(rlft_model::runtime::on_pool(|| {
+                time(
+                    || {
+                        quant[..nl]
+                            .iter()
+                            .for_each(|q| q.matmul_wt(&x, m, &mut out))
+                    },
+                    1,
+                )
+            }));
+            th.push(rlft_model::runtime::on_pool(|| {
+                time(|| quant[nl].matmul_wt(&x, m, &mut out), 1)
+            }));
+        }
+        tl.sort_by(f64::total_cmp);
+        th.sort_by(f64::total_cmp);
+        let fl = |n: usize, k: usize| 2.0 * (m * n * k) as f64;
+        let layers: f64 = shapes[..nl].iter().map(|&(n, k)| fl(n, k)).sum();
+        let head = fl(shapes[nl].0, shapes[nl].1);
+        println!(
+            "blocks m=8: layers {:.2} ms ({:.1} GFLOP/s), head {:.2} ms ({:.1} GFLOP/s)",
+            tl[3] * 1e3,
+            layers / tl[3] / 1e9,
+            th[3] * 1e3,
+            head / th[3] / 1e9
+        );
+    }
     for m in [1usize, 8] {
         let x = rnd(m * f);
         let mut out = vec![0f32; m * vocab];

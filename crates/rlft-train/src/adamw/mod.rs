@@ -506,7 +506,13 @@ mod tests {
             let t = super::state_zeros(&shape, dtype, &Device::Cpu).unwrap();
             assert_eq!((t.dims(), t.dtype()), (shape.dims(), dtype));
             let max = t.abs().unwrap().max_all().unwrap();
-            assert_eq!(max.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap(), 0.0);
+            assert_eq!(
+                max.to_dtype(DType::F64)
+                    .unwrap()
+                    .to_scalar::<f64>()
+                    .unwrap(),
+                0.0
+            );
         }
     }
 }
