@@ -110,6 +110,28 @@ fn main() -> candle_core::Result<()> {
             2.0 * *macs as f64 / t / 1e9
         );
     }
+    // The narrow products without gemm: rows of x (or dy) against the rank-16 factor.
+    let (xv, gv) = (
+        x.flatten_all()?.to_vec1::<f32>()?,
+        g.flatten_all()?.to_vec1::<f32>()?,
+    );
+    let av = a.flatten_all()?.to_vec1::<f32>()?;
+    let bt = b.t()?.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+    let mut o = vec![0f32; m * r];
+    for (name, xs, kk, w) in [
+        ("h = x @ A^T       ", &xv, k, &av),
+        ("dh = dy @ B       ", &gv, n, &bt),
+    ] {
+        let t = time(
+            || rlft_model::kernels::matmul_wt_rows(xs, m, kk, w, r, &mut o),
+            15,
+        );
+        println!(
+            "lora {name} {:>7.3} ms {:>6.1} GFLOP/s (rows kernel)",
+            t * 1e3,
+            2.0 * (m * kk * r) as f64 / t / 1e9
+        );
+    }
     decode_step();
     split_vs_gemm_threads();
     fma_peak();
