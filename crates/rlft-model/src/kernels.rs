@@ -1,10 +1,11 @@
-//! Fused CPU kernels for the inference path.
+//! Fused CPU kernels for the inference path (and LoRA's rank-sized products in training).
 //!
 //! `x @ W^T` for few rows (decoding: one row per sequence) is bound by reading `W` from memory.
 //! candle's gemm packs `W` into panels on every call, which triples that traffic; this kernel
 //! streams each weight row once, computing its dot products with all rows of `x` (kept in L1),
 //! split over threads by output column. AVX2+FMA when the CPU has it (runtime-detected), a
-//! portable loop otherwise. Inference only (no backward); training uses candle's matmul.
+//! portable loop otherwise. No backward: training uses gemm, except for the LoRA factors'
+//! narrow products ([`matmul_wt_rows`], called inside `fused::linear`'s forward and backward).
 
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
