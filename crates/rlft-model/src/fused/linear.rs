@@ -237,6 +237,15 @@ impl LoraLinear {
             None => Cow::Borrowed(x),
         })
     }
+
+    /// `h = scaling * xd @ a^T` `[m, r]` for the dropped input `xd [m, k]` and `a [r, k]`.
+    fn scaled_h<T: Real>(&self, xd: &[T], a: &[T], m: usize, k: usize, r: usize) -> Vec<T> {
+        let mut h = vec![T::from_f64(0.0); m * r];
+        narrow_wt(m, r, k, &mut h, xd, a);
+        let s = T::from_f64(self.scaling);
+        h.iter_mut().for_each(|v| *v *= s);
+        h
+    }
 }
 
 impl CustomOp3 for LoraLinear {
@@ -264,16 +273,7 @@ impl CustomOp3 for LoraLinear {
                 Some(bt) => with_slice::<T, _>(bt, |bv| Ok(base(x, w, Some(bv), m, k, n))),
                 None => Ok(base(x, w, None, m, k, n)),
             })?;
-            let mut h = vec![T::from_f64(0.0); m * r];
-            match &self.mask {
-                Some(mk) => {
-                    let xd = with_slice::<T, _>(mk, |mv| Ok(masked(x, mv)))?;
-                    narrow_wt(m, r, k, &mut h, &xd, a);
-                }
-                None => narrow_wt(m, r, k, &mut h, x, a),
-            }
-            let s = T::from_f64(self.scaling);
-            h.iter_mut().for_each(|v| *v *= s);
+            let h = self.scaled_h(&self.dropped(x)?, a, m, k, r);
             gemm(m, n, r, &mut y, &h, false, b, true, true);
             *self.stash()? = Some(tensor(h, &[m, r])?);
             Ok((T::to_cpu_storage_owned(y), out_shape(xl.dims(), n)))
@@ -339,12 +339,7 @@ impl CustomOp3 for LoraLinear {
                                 let kept = self.stash()?.clone();
                                 let h = match kept {
                                     Some(h) => h,
-                                    None => {
-                                        let mut h = vec![zero; m * r];
-                                        narrow_wt(m, r, k, &mut h, &xd, av);
-                                        h.iter_mut().for_each(|v| *v *= s);
-                                        tensor(h, &[m, r])?
-                                    }
+                                    None => tensor(self.scaled_h(&xd, av, m, k, r), &[m, r])?,
                                 };
                                 let mut db = vec![zero; n * r];
                                 with_slice::<T, _>(&h, |hv| {
