@@ -321,6 +321,46 @@ pub(crate) fn gemm_seq<T: Real>(
     );
 }
 
+/// `a @ b` (transpositions as in [`gemm`]) into a new row-major `[m, n]` buffer that gemm
+/// writes without reading it first, so the buffer is not zero-filled before the product (a
+/// memset of the whole output on the calling thread, the other core waiting).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_new<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    a_t: bool,
+    b: &[T],
+    b_t: bool,
+) -> Vec<T> {
+    if m == 0 || n == 0 || k == 0 {
+        return vec![T::from_f64(0.0); m * n];
+    }
+    let mut dst: Vec<T> = Vec::with_capacity(m * n);
+    // SAFETY: the capacity holds m * n elements. Without `accumulate` gemm computes
+    // `dst = a @ b` with alpha zero, and its kernels then store every element of the `[m, n]`
+    // output without loading it (gemm-common: `read_dst == false` sets alpha to zero, alpha
+    // status 0 stores only), so all m * n elements are initialised before `set_len`.
+    unsafe {
+        gemm_raw(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            m * n,
+            a,
+            a_t,
+            b,
+            b_t,
+            false,
+            parallelism(),
+        );
+        dst.set_len(m * n);
+    }
+    dst
+}
+
 #[allow(clippy::too_many_arguments)]
 fn gemm_with<T: Real>(
     m: usize,
@@ -334,7 +374,44 @@ fn gemm_with<T: Real>(
     accumulate: bool,
     par: gemm::Parallelism,
 ) {
-    assert!(dst.len() >= m * n && a.len() >= m * k && b.len() >= k * n);
+    // SAFETY: `dst` is an initialised slice of its own length.
+    unsafe {
+        gemm_raw(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            dst.len(),
+            a,
+            a_t,
+            b,
+            b_t,
+            accumulate,
+            par,
+        )
+    }
+}
+
+/// [`gemm_with`] into `dst_len` elements at `dst`.
+///
+/// # Safety
+/// `dst` is valid for writes of `dst_len` elements (and for reads of them when `accumulate`)
+/// and no other reference to them is used during the call.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_raw<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: *mut T,
+    dst_len: usize,
+    a: &[T],
+    a_t: bool,
+    b: &[T],
+    b_t: bool,
+    accumulate: bool,
+    par: gemm::Parallelism,
+) {
+    assert!(dst_len >= m * n && a.len() >= m * k && b.len() >= k * n);
     if m == 0 || n == 0 {
         return;
     }
@@ -352,11 +429,7 @@ fn gemm_with<T: Real>(
     let one = T::from_f64(1.0);
     // One product `dst[i0.., j0..] (+)= a[i0..i0 + mi, ..] @ b[.., j0..j0 + nj]` on `par`.
     // Pointers travel as addresses so the closure can be sent to another thread.
-    let (d, ap, bp) = (
-        dst.as_mut_ptr() as usize,
-        a.as_ptr() as usize,
-        b.as_ptr() as usize,
-    );
+    let (d, ap, bp) = (dst as usize, a.as_ptr() as usize, b.as_ptr() as usize);
     let block = |i0: usize, mi: usize, j0: usize, nj: usize, par: gemm::Parallelism| {
         // SAFETY: the asserts above bound every index the strides reach: a is m*k, b is k*n
         // and dst is m*n elements, each addressed row-major (or transposed) within those
@@ -441,6 +514,26 @@ mod tests {
                 let mut got = init;
                 pool.install(|| super::gemm(m, n, k, &mut got, &a, a_t, &b, b_t, acc));
                 assert_eq!(got, want, "{m}x{n}x{k} a_t {a_t} b_t {b_t} acc {acc}");
+            }
+        }
+    }
+
+    /// `gemm_new` (an output gemm writes without reading) equals `gemm` into a zeroed buffer,
+    /// for every transposition, on one thread and split over two, and for an empty `k`.
+    #[test]
+    fn gemm_into_a_new_buffer_equals_gemm_into_zeros() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for (m, n, k) in [(130usize, 250usize, 170usize), (7, 5, 3), (4, 6, 0)] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7) % 23) as f32 - 11.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 5) % 19) as f32 - 9.0).collect();
+            for (a_t, b_t) in [(false, false), (true, false), (false, true), (true, true)] {
+                let mut want = vec![0f32; m * n];
+                super::gemm_seq(m, n, k, &mut want, &a, a_t, &b, b_t, false);
+                let got = pool.install(|| super::gemm_new(m, n, k, &a, a_t, &b, b_t));
+                assert_eq!(got, want, "{m}x{n}x{k} a_t {a_t} b_t {b_t}");
             }
         }
     }
