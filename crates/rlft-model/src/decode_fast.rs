@@ -413,37 +413,41 @@ fn run(
         // Causal attention of each token over its row's keys 0..=position.
         let rows_ref: &[RowCache] = rows;
         let q = &b.q;
-        let attend_token = |p: usize, out: &mut [f32]| {
-            let (r, i) = owner[p];
-            let row = &rows_ref[r];
-            let (cap, last) = (row.capacity, row.len + i);
-            let (kc, vc) = (&row.k[li], &row.v[li]);
-            let mut scores = vec![0f32; last + 1];
-            for head in 0..nh {
-                let g = head / groups;
-                let qv = &q[(p * nh + head) * hd..(p * nh + head + 1) * hd];
-                let base = g * cap * hd;
-                let mut max = f32::NEG_INFINITY;
-                for (j, s) in scores.iter_mut().enumerate() {
-                    *s = dot(qv, &kc[base + j * hd..base + (j + 1) * hd]) * scale;
-                    max = max.max(*s);
-                }
-                let mut sum = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let o = &mut out[head * hd..(head + 1) * hd];
-                o.fill(0.0);
-                for (j, s) in scores.iter().enumerate() {
-                    let w = s / sum;
-                    let vv = &vc[base + j * hd..base + (j + 1) * hd];
-                    o.iter_mut().zip(vv).for_each(|(o, &x)| *o += w * x);
-                }
-            }
-        };
         // The inner loops compiled for AVX2 + FMA where the CPU has them.
-        let attend = |(p, out): (usize, &mut [f32])| crate::fused::simd(|| attend_token(p, out));
+        let attend = |(p, out): (usize, &mut [f32])| {
+            crate::fused::simd(
+                #[inline(always)]
+                || {
+                    let (r, i) = owner[p];
+                    let row = &rows_ref[r];
+                    let (cap, last) = (row.capacity, row.len + i);
+                    let (kc, vc) = (&row.k[li], &row.v[li]);
+                    let mut scores = vec![0f32; last + 1];
+                    for head in 0..nh {
+                        let g = head / groups;
+                        let qv = &q[(p * nh + head) * hd..(p * nh + head + 1) * hd];
+                        let base = g * cap * hd;
+                        let mut max = f32::NEG_INFINITY;
+                        for (j, s) in scores.iter_mut().enumerate() {
+                            *s = dot(qv, &kc[base + j * hd..base + (j + 1) * hd]) * scale;
+                            max = max.max(*s);
+                        }
+                        let mut sum = 0f32;
+                        for s in scores.iter_mut() {
+                            *s = crate::fused::exp_f32(*s - max);
+                            sum += *s;
+                        }
+                        let o = &mut out[head * hd..(head + 1) * hd];
+                        o.fill(0.0);
+                        for (j, s) in scores.iter().enumerate() {
+                            let w = s / sum;
+                            let vv = &vc[base + j * hd..base + (j + 1) * hd];
+                            o.iter_mut().zip(vv).for_each(|(o, &x)| *o += w * x);
+                        }
+                    }
+                },
+            )
+        };
         let scores: usize = owner.iter().map(|&(r, i)| rows_ref[r].len + i + 1).sum();
         // Multiply-adds: q.k and the weighted sum of values over every (token, head, key).
         if serial(scores * nh * hd * 2) {
@@ -463,9 +467,14 @@ fn run(
             &mut [&mut b.gate, &mut b.up],
         )?;
         let swiglu = |(g, u): (&mut [f32], &[f32])| {
-            g.iter_mut()
-                .zip(u)
-                .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u)
+            crate::fused::simd(
+                #[inline(always)]
+                || {
+                    g.iter_mut()
+                        .zip(u)
+                        .for_each(|(g, u)| *g = *g / (1.0 + crate::fused::exp_f32(-*g)) * u)
+                },
+            )
         };
         if serial(n * i_sz) {
             b.gate

@@ -228,7 +228,10 @@ fn probs<T: Real>(
         true,
         false,
     );
-    simd(|| softmax_rows(&mut p, bias, bi, dm, blk, scale));
+    simd(
+        #[inline(always)]
+        || softmax_rows(&mut p, bias, bi, dm, blk, scale),
+    );
     p
 }
 
@@ -378,7 +381,10 @@ fn backward<T: Real>(
                     true,
                     false,
                 );
-                simd(|| softmax_grad_rows(&mut ds, &p, kn, scale));
+                simd(
+                    #[inline(always)]
+                    || softmax_grad_rows(&mut ds, &p, kn, scale),
+                );
                 // dQ = dS K[keys], dK[keys] += dS^T Q
                 gemm_seq(
                     n,
