@@ -415,38 +415,35 @@ fn run(
         let q = &b.q;
         // The inner loops compiled for AVX2 + FMA where the CPU has them.
         let attend = |(p, out): (usize, &mut [f32])| {
-            crate::fused::simd(
-                #[inline(always)]
-                || {
-                    let (r, i) = owner[p];
-                    let row = &rows_ref[r];
-                    let (cap, last) = (row.capacity, row.len + i);
-                    let (kc, vc) = (&row.k[li], &row.v[li]);
-                    let mut scores = vec![0f32; last + 1];
-                    for head in 0..nh {
-                        let g = head / groups;
-                        let qv = &q[(p * nh + head) * hd..(p * nh + head + 1) * hd];
-                        let base = g * cap * hd;
-                        let mut max = f32::NEG_INFINITY;
-                        for (j, s) in scores.iter_mut().enumerate() {
-                            *s = dot(qv, &kc[base + j * hd..base + (j + 1) * hd]) * scale;
-                            max = max.max(*s);
-                        }
-                        let mut sum = 0f32;
-                        for s in scores.iter_mut() {
-                            *s = crate::fused::exp_f32(*s - max);
-                            sum += *s;
-                        }
-                        let o = &mut out[head * hd..(head + 1) * hd];
-                        o.fill(0.0);
-                        for (j, s) in scores.iter().enumerate() {
-                            let w = s / sum;
-                            let vv = &vc[base + j * hd..base + (j + 1) * hd];
-                            o.iter_mut().zip(vv).for_each(|(o, &x)| *o += w * x);
-                        }
+            crate::fused::simd!({
+                let (r, i) = owner[p];
+                let row = &rows_ref[r];
+                let (cap, last) = (row.capacity, row.len + i);
+                let (kc, vc) = (&row.k[li], &row.v[li]);
+                let mut scores = vec![0f32; last + 1];
+                for head in 0..nh {
+                    let g = head / groups;
+                    let qv = &q[(p * nh + head) * hd..(p * nh + head + 1) * hd];
+                    let base = g * cap * hd;
+                    let mut max = f32::NEG_INFINITY;
+                    for (j, s) in scores.iter_mut().enumerate() {
+                        *s = dot(qv, &kc[base + j * hd..base + (j + 1) * hd]) * scale;
+                        max = max.max(*s);
                     }
-                },
-            )
+                    let mut sum = 0f32;
+                    for s in scores.iter_mut() {
+                        *s = crate::fused::exp_f32(*s - max);
+                        sum += *s;
+                    }
+                    let o = &mut out[head * hd..(head + 1) * hd];
+                    o.fill(0.0);
+                    for (j, s) in scores.iter().enumerate() {
+                        let w = s / sum;
+                        let vv = &vc[base + j * hd..base + (j + 1) * hd];
+                        o.iter_mut().zip(vv).for_each(|(o, &x)| *o += w * x);
+                    }
+                }
+            })
         };
         let scores: usize = owner.iter().map(|&(r, i)| rows_ref[r].len + i + 1).sum();
         // Multiply-adds: q.k and the weighted sum of values over every (token, head, key).
@@ -466,16 +463,7 @@ fn run(
             n,
             &mut [&mut b.gate, &mut b.up],
         )?;
-        let swiglu = |(g, u): (&mut [f32], &[f32])| {
-            crate::fused::simd(
-                #[inline(always)]
-                || {
-                    g.iter_mut()
-                        .zip(u)
-                        .for_each(|(g, u)| *g = *g / (1.0 + crate::fused::exp_f32(-*g)) * u)
-                },
-            )
-        };
+        let swiglu = |(g, u): (&mut [f32], &[f32])| crate::fused::act::silu_mul_in_place(g, u);
         if serial(n * i_sz) {
             b.gate
                 .chunks_mut(i_sz)

@@ -183,15 +183,12 @@ fn is_plain(p: &SamplingParams) -> bool {
 
 /// `exp((x - max) / t)` for every logit: the unnormalised probabilities, vectorised.
 fn unnormalised(logits: &[f32], max: f32, inv_t: f32) -> Vec<f32> {
-    crate::fused::simd(
-        #[inline(always)]
-        || {
-            logits
-                .iter()
-                .map(|&x| crate::fused::exp_f32((x - max) * inv_t))
-                .collect()
-        },
-    )
+    crate::fused::simd!({
+        logits
+            .iter()
+            .map(|&x| crate::fused::exp_f32((x - max) * inv_t))
+            .collect()
+    })
 }
 
 /// Plain sampling at temperature `t` (the common RL rollout setting): one pass of `exp` gives

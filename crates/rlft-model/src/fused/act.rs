@@ -38,6 +38,15 @@ fn fwd_chunk<T: Real>(y: &mut [T], g: &[T], u: &[T]) {
     }
 }
 
+/// `g = silu(g) * u` in place, in AVX2 where the CPU has it: the decode path's SwiGLU, the same
+/// arithmetic as [`fwd_chunk`].
+pub(crate) fn silu_mul_in_place(g: &mut [f32], u: &[f32]) {
+    simd!(g
+        .iter_mut()
+        .zip(u)
+        .for_each(|(gv, &uv)| *gv = *gv * sigmoid(*gv) * uv))
+}
+
 /// `d silu(g) / dg = s * (1 + g * (1 - s))` with `s = sigmoid(g)`.
 #[inline(always)]
 fn dsilu<T: Real>(g: T, s: T) -> T {
@@ -88,7 +97,7 @@ impl CustomOp2 for SwiGlu {
             let mut y = vec![T::from_f64(0.0); g.len()];
             y.par_chunks_mut(PER_TASK)
                 .zip(g.par_chunks(PER_TASK).zip(u.par_chunks(PER_TASK)))
-                .for_each(|(yc, (gc, uc))| simd(#[inline(always)] || fwd_chunk(yc, gc, uc)));
+                .for_each(|(yc, (gc, uc))| simd!(fwd_chunk(yc, gc, uc)));
             Ok((T::to_cpu_storage_owned(y), gl.shape().clone()))
         })
     }
@@ -120,21 +129,21 @@ impl CustomOp2 for SwiGlu {
                                 .enumerate()
                                 .for_each(|(c, (a, b))| {
                                     let (gs, us, ds) = ch(c, a.len());
-                                    simd(#[inline(always)] || bwd_chunk(Some(a), Some(b), gs, us, ds))
+                                    simd!(bwd_chunk(Some(a), Some(b), gs, us, ds))
                                 }),
                             (true, false) => dg
                                 .par_chunks_mut(PER_TASK)
                                 .enumerate()
                                 .for_each(|(c, a)| {
                                     let (gs, us, ds) = ch(c, a.len());
-                                    simd(#[inline(always)] || bwd_chunk(Some(a), None, gs, us, ds))
+                                    simd!(bwd_chunk(Some(a), None, gs, us, ds))
                                 }),
                             (false, true) => du
                                 .par_chunks_mut(PER_TASK)
                                 .enumerate()
                                 .for_each(|(c, b)| {
                                     let (gs, us, ds) = ch(c, b.len());
-                                    simd(#[inline(always)] || bwd_chunk(None, Some(b), gs, us, ds))
+                                    simd!(bwd_chunk(None, Some(b), gs, us, ds))
                                 }),
                             (false, false) => {}
                         }

@@ -228,10 +228,7 @@ fn probs<T: Real>(
         true,
         false,
     );
-    simd(
-        #[inline(always)]
-        || softmax_rows(&mut p, bias, bi, dm, blk, scale),
-    );
+    simd!(softmax_rows(&mut p, bias, bi, dm, blk, scale));
     p
 }
 
@@ -381,10 +378,7 @@ fn backward<T: Real>(
                     true,
                     false,
                 );
-                simd(
-                    #[inline(always)]
-                    || softmax_grad_rows(&mut ds, &p, kn, scale),
-                );
+                simd!(softmax_grad_rows(&mut ds, &p, kn, scale));
                 // dQ = dS K[keys], dK[keys] += dS^T Q
                 gemm_seq(
                     n,

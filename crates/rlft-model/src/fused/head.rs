@@ -199,10 +199,7 @@ struct Forward<T> {
 /// Statistics of one row of logits: `(picked - lse, lse, entropy)`. With `normalize`, the row is
 /// overwritten with its softmax.
 fn row_stats<T: Real>(row: &mut [T], target: usize, normalize: bool) -> (T, T, T) {
-    simd(
-        #[inline(always)]
-        || row_stats_inner(row, target, normalize),
-    )
+    simd!(row_stats_inner(row, target, normalize))
 }
 
 /// Elements per partial sum of [`row_stats`]: summed in `T` with vector lanes, then the
@@ -386,14 +383,11 @@ fn backward_recompute<T: Real>(
                 .zip(&targets[r0..r0 + m])
                 .zip(lse[r0..r0 + m].par_iter().zip(&dy[r0..r0 + m]))
                 .for_each(|((row, &t), (&l, &d))| {
-                    simd(
-                        #[inline(always)]
-                        || {
-                            for x in row.iter_mut() {
-                                *x = -(d * (*x - l).exp());
-                            }
-                        },
-                    );
+                    simd!({
+                        for x in row.iter_mut() {
+                            *x = -(d * (*x - l).exp());
+                        }
+                    });
                     let t = t as usize;
                     if (v0..v0 + vb).contains(&t) {
                         row[t - v0] += d;

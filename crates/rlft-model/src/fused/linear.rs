@@ -229,31 +229,28 @@ fn low_rank<T: Real>(
             .par_chunks_mut(n * LOW_RANK_ROWS)
             .enumerate()
             .for_each(|(task, rows)| {
-                super::simd(
-                    #[inline(always)]
-                    || {
-                        for (i, row) in rows.chunks_mut(n).enumerate() {
-                            let hi = &h[(task * LOW_RANK_ROWS + i) * r..][..r];
-                            for (c, cols) in row.chunks_mut(LOW_RANK_COLS).enumerate() {
-                                let j0 = c * LOW_RANK_COLS;
-                                let mut acc = [zero; LOW_RANK_COLS];
-                                let acc = &mut acc[..cols.len()];
-                                if let Some(b) = bias {
-                                    acc.copy_from_slice(&b[j0..j0 + cols.len()]);
-                                }
-                                for (rr, &hv) in hi.iter().enumerate() {
-                                    let brow = &bt[rr * n + j0..][..cols.len()];
-                                    for (o, &bv) in acc.iter_mut().zip(brow) {
-                                        *o += hv * bv;
-                                    }
-                                }
-                                for (o, &v) in cols.iter_mut().zip(acc.iter()) {
-                                    o.write(v);
+                super::simd!({
+                    for (i, row) in rows.chunks_mut(n).enumerate() {
+                        let hi = &h[(task * LOW_RANK_ROWS + i) * r..][..r];
+                        for (c, cols) in row.chunks_mut(LOW_RANK_COLS).enumerate() {
+                            let j0 = c * LOW_RANK_COLS;
+                            let mut acc = [zero; LOW_RANK_COLS];
+                            let acc = &mut acc[..cols.len()];
+                            if let Some(b) = bias {
+                                acc.copy_from_slice(&b[j0..j0 + cols.len()]);
+                            }
+                            for (rr, &hv) in hi.iter().enumerate() {
+                                let brow = &bt[rr * n + j0..][..cols.len()];
+                                for (o, &bv) in acc.iter_mut().zip(brow) {
+                                    *o += hv * bv;
                                 }
                             }
+                            for (o, &v) in cols.iter_mut().zip(acc.iter()) {
+                                o.write(v);
+                            }
                         }
-                    },
-                )
+                    }
+                })
             });
     }
     // SAFETY: the loop above wrote every one of the m * n elements (each row's columns in

@@ -178,12 +178,13 @@ unsafe fn with_avx2_fma<R>(f: impl FnOnce() -> R) -> R {
 /// `#[inline(always)]` functions called from `f`, are inlined into the AVX2 function and
 /// vectorised 8 f32 wide there (4 wide with SSE2 otherwise).
 ///
-/// Pass the closure as `simd(#[inline(always)] || ...)`. A closure that LLVM chooses not to
-/// inline (it is called from both branches below) is compiled once, for baseline x86-64, and
-/// the AVX2 function only jumps to it: RMSNorm's and the attention backward's closures ran
-/// that way, seen in the disassembly (no `ymm` register in them).
+/// Call it through [`simd!`], which passes the code as an `#[inline(always)]` closure. A
+/// closure that LLVM chooses not to inline (it is called from both branches below) is compiled
+/// once, for baseline x86-64, and the AVX2 function only jumps to it: RMSNorm's and the
+/// attention backward's closures ran that way, seen in the disassembly (no `ymm` register in
+/// them).
 #[inline(always)]
-pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
+pub(crate) fn run_simd<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {
         if has_avx2_fma() {
@@ -193,6 +194,19 @@ pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
     }
     f()
 }
+
+/// `simd!(expr)` evaluates `expr` inside [`run_simd`]: compiled for AVX2 + FMA where the CPU
+/// has them. The expression becomes an `#[inline(always)]` closure, so its code (and the
+/// `#[inline(always)]` kernels it calls) lands in the AVX2 function.
+macro_rules! simd {
+    ($body:expr) => {
+        $crate::fused::run_simd(
+            #[inline(always)]
+            || $body,
+        )
+    };
+}
+pub(crate) use simd;
 
 /// Independent partial sums in the reductions below: one 8-lane f32 vector (the order of
 /// additions differs from a left-to-right sum only in rounding).
@@ -560,7 +574,7 @@ mod tests {
             assert!((super::sum(&x) - want_sum).abs() < 1e-9, "sum, n = {n}");
             assert!((super::dot(&x, &y) - want_dot).abs() < 1e-9, "dot, n = {n}");
             assert_eq!(super::max(&x), want_max, "max, n = {n}");
-            assert_eq!(super::simd(|| super::max(&x)), want_max);
+            assert_eq!(super::simd!(super::max(&x)), want_max);
         }
         assert_eq!(super::dot(&[1.0f32, 2.0, 3.0], &[1.0, 1.0]), 3.0);
     }

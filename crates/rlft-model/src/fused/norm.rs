@@ -45,12 +45,7 @@ fn forward<T: Real>(x: &[T], w: &[T], eps: f64) -> Vec<T> {
     let mut y = vec![T::from_f64(0.0); x.len()];
     y.par_chunks_mut(h * ROWS_PER_TASK)
         .zip(x.par_chunks(h * ROWS_PER_TASK))
-        .for_each(|(yc, xc)| {
-            simd(
-                #[inline(always)]
-                || forward_rows(yc, xc, w, eps),
-            )
-        });
+        .for_each(|(yc, xc)| simd!(forward_rows(yc, xc, w, eps)));
     y
 }
 
@@ -92,10 +87,7 @@ fn backward<T: Real>(
         .zip(x.par_chunks(chunk).zip(dy.par_chunks(chunk)))
         .map(|(dxc, (xc, dyc))| {
             let mut dw = if want_dw { vec![zero; h] } else { Vec::new() };
-            simd(
-                #[inline(always)]
-                || backward_rows(dxc, xc, dyc, w, eps, &mut dw),
-            );
+            simd!(backward_rows(dxc, xc, dyc, w, eps, &mut dw));
             dw
         })
         .reduce(
