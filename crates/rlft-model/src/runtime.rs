@@ -8,6 +8,11 @@
 //!   gemm needs (on 2 cores, 7-14% of a training step's CPU time went to those spins). A short
 //!   spin ([`BARRIER_SPIN`]) keeps the pool's parallelism and parks idle workers at once.
 //!   An explicit `CANDLE_BARRIER_POOL_SPIN_LIMIT` or `CANDLE_NUM_THREADS` is left as it is.
+//!
+//! Generation and each training step run through [`on_pool`]: on a rayon worker, with the
+//! pool's other workers spinning between loops instead of parking.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Spin rounds of candle's pool workers before they park.
 pub const BARRIER_SPIN: u32 = 200;
@@ -30,16 +35,111 @@ pub fn tune() {
 /// that the parallel loops inside it start from a worker: the worker runs its share of each
 /// loop itself and never sleeps on a lock waiting for the others. From a thread outside the
 /// pool every parallel loop puts the caller to sleep and wakes it again; a decode step runs
-/// some 250 short loops (each product, the attention), so generation runs here (measured in
-/// `docs/kernels.md`). `RLFT_ON_POOL=0` runs `f` on the calling thread (A/B); so does a call
-/// from inside the pool.
+/// some 250 short parallel loops (each product, the attention), so generation runs here
+/// (measured in `docs/kernels.md`). `RLFT_ON_POOL=0` runs `f` on the calling thread (A/B); so
+/// does a call from inside the pool.
+///
+/// While `f` runs, the pool's other workers do not park between loops: each runs
+/// [`keep_awake`] (the jobs of the pool as they come, spinning in between) until `f` returns,
+/// as OpenMP's threads spin for a "block time" after a parallel region. A parked worker has
+/// to be woken (a futex call, an interrupt to a halted CPU), and on a virtual machine the
+/// host gives an idle CPU away: `rlft bench generate` ran 11% faster with the spinning, the
+/// host's steal on the run 0-2% against 1-11% (docs/kernels.md). One call spins at a time
+/// (two whose spinners each waited on the other's `f` would never finish); a concurrent call
+/// runs without. `RLFT_SPIN=0` turns the spinning off.
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if switched_off("RLFT_ON_POOL") || rayon::current_thread_index().is_some() {
-        f()
+        return f();
+    }
+    let session = if switched_off("RLFT_SPIN") || rayon::current_num_threads() < 2 {
+        None
     } else {
-        rayon::scope(|_| f())
+        SpinSession::take()
+    };
+    let Some(session) = session else {
+        return rayon::scope(|_| f());
+    };
+    let stop = &session.stop;
+    rayon::scope(|s| {
+        let owner = rayon::current_thread_index();
+        s.spawn_broadcast(move |_, ctx| {
+            if Some(ctx.index()) != owner {
+                keep_awake(stop);
+            }
+        });
+        // Set on return and on a panic alike, or the scope would wait on its spinners forever.
+        let _stop = StopOnDrop(stop);
+        f()
+    })
+}
+
+/// [`on_pool`] for work on `device`: a GPU keeps the calling thread (the one its context was
+/// made on).
+pub fn on_pool_for<R: Send>(device: &candle_core::Device, f: impl FnOnce() -> R + Send) -> R {
+    if device.is_cpu() {
+        on_pool(f)
+    } else {
+        f()
     }
 }
+
+/// Whether some [`on_pool`] call has the pool's workers spinning.
+static SPINNING: AtomicBool = AtomicBool::new(false);
+
+/// The one spinning [`on_pool`] call; gives the turn back when dropped.
+struct SpinSession {
+    /// Tells the spinners to return.
+    stop: AtomicBool,
+}
+
+impl SpinSession {
+    /// The turn to spin, unless another call has it.
+    fn take() -> Option<SpinSession> {
+        SPINNING
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| SpinSession {
+                stop: AtomicBool::new(false),
+            })
+    }
+}
+
+impl Drop for SpinSession {
+    fn drop(&mut self) {
+        SPINNING.store(false, Ordering::Release);
+    }
+}
+
+/// Sets the flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Runs the pool's jobs on this worker until `stop`, never parking: between jobs it spins,
+/// and every [`YIELD_EVERY`] empty rounds offers the core to any other runnable thread
+/// (`sched_yield`; candle's own elementwise workers share the cores).
+fn keep_awake(stop: &AtomicBool) {
+    let mut idle = 0u32;
+    while !stop.load(Ordering::Acquire) {
+        if let Some(rayon::Yield::Executed) = rayon::yield_now() {
+            idle = 0;
+            continue;
+        }
+        idle = idle.wrapping_add(1);
+        if idle.is_multiple_of(YIELD_EVERY) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// Empty rounds of [`keep_awake`] between two `sched_yield`s.
+const YIELD_EVERY: u32 = 64;
 
 /// Whether the environment variable `var` is set to `0`: how every `RLFT_*` A/B switch of
 /// this crate turns its setting off.
@@ -66,5 +166,40 @@ mod tests {
             assert_eq!(nested, inside, "a nested call stays on its worker");
         }
         assert_eq!(sum, 499_500);
+    }
+
+    /// Calls from several threads at once (one of them spins, the others not) all finish with
+    /// the right answers: two spinning calls could each wait on the other's spinner.
+    #[test]
+    fn concurrent_calls_finish() {
+        use rayon::prelude::*;
+        let sums: Vec<u64> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4u64)
+                .map(|k| {
+                    s.spawn(move || {
+                        (0..20)
+                            .map(|_| {
+                                super::on_pool(|| {
+                                    (0..20_000u64).into_par_iter().map(|i| i * k).sum::<u64>()
+                                })
+                            })
+                            .sum::<u64>()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (k, s) in sums.iter().enumerate() {
+            assert_eq!(*s, 20 * k as u64 * 199_990_000);
+        }
+    }
+
+    /// A panic inside `f` reaches the caller (the spinners are stopped, nothing hangs) and
+    /// gives the turn to spin back.
+    #[test]
+    fn panic_stops_the_spinners() {
+        let r = std::panic::catch_unwind(|| super::on_pool(|| panic!("inside")));
+        assert!(r.is_err());
+        assert_eq!(super::on_pool(|| 7), 7);
     }
 }

@@ -15,6 +15,7 @@ use candle_core::Var;
 use rlft_model::bench::process::{self, CpuSnapshot};
 use rlft_model::bench::{bench_lora_config, fwd_bwd, median, ref_pass, BenchBatch};
 use rlft_model::lora::{attach_lora, ALL_LINEAR};
+use rlft_model::runtime::on_pool;
 use rlft_model::trainable::make_trainable;
 use rlft_model::{generate, GenerateRequest, LoadedModel, SamplingParams};
 use rlft_text::Message;
@@ -172,7 +173,7 @@ fn bench_fwd_bwd(a: &BenchArgs, lora: bool) -> Result<Value> {
     let (mut total, mut fwd, mut bwd, mut bwd_cpu) = (vec![], vec![], vec![], vec![]);
     let mut loss = f32::NAN;
     for rep in 0..a.warmup + a.reps {
-        let (t, grads) = fwd_bwd(&m.model, &batch)?;
+        let (t, grads) = on_pool(|| fwd_bwd(&m.model, &batch))?;
         drop(grads);
         loss = t.loss;
         if rep >= a.warmup {
@@ -207,7 +208,7 @@ fn bench_adamw(a: &BenchArgs) -> Result<Value> {
     let grads = synthetic_grads(&vars)?;
     let mut opt = AdamW::new(vec![ParamGroup::new(vars.clone())], bench_config())?
         .with_kernel(AdamWKernel::Fused);
-    let times = time_reps(a.warmup, a.reps, || opt.step(&grads))?;
+    let times = time_reps(a.warmup, a.reps, || on_pool(|| opt.step(&grads)))?;
     let detail = json!({
         "n_params": params, "n_tensors": vars.len(), "kernel": "fused",
         "gb_per_s_median": params as f64 * 28.0 / 1e9 / median(&times),
@@ -220,7 +221,9 @@ fn bench_ref_pass(a: &BenchArgs) -> Result<Value> {
     let batch = BenchBatch::new(m.model.config.vocab_size, m.model.device())?;
     let load_s = t0.elapsed().as_secs_f64();
     let meter = Meter::start();
-    let times = time_reps(a.warmup, a.reps, || ref_pass(&m.model, &batch).map(|_| ()))?;
+    let times = time_reps(a.warmup, a.reps, || {
+        on_pool(|| ref_pass(&m.model, &batch)).map(|_| ())
+    })?;
     let detail = json!({
         "shape": [rlft_model::bench::BATCH, rlft_model::bench::SEQ],
         "completion_tokens": batch.targets.elem_count(),

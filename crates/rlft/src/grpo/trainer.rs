@@ -526,7 +526,8 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
             break;
         }
         let mut times = Metrics::new();
-        let r = lp.rollout(&mut times)?;
+        let device = lp.p.model.device().clone();
+        let r = rlft_model::runtime::on_pool_for(&device, || lp.rollout(&mut times))?;
         let rollout_times = times.clone();
         let n = r.samples.len();
         let mut first_step_of_rollout = true;
@@ -537,7 +538,9 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
                 }
                 let idx: Vec<usize> = (chunk_start..(chunk_start + train_batch).min(n)).collect();
                 let mut step_times = Metrics::new();
-                let step_m = lp.step(&r, &idx, &mut step_times)?;
+                let step_m = rlft_model::runtime::on_pool_for(&device, || {
+                    lp.step(&r, &idx, &mut step_times)
+                })?;
                 lp.state.global_step += 1;
                 lp.state.num_input_tokens_seen += idx
                     .iter()

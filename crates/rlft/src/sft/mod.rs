@@ -303,7 +303,8 @@ pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Sft
             break;
         }
         let t0 = Instant::now();
-        let (loss, norm, tokens) = lp.step()?;
+        let device = lp.p.model.device().clone();
+        let (loss, norm, tokens) = rlft_model::runtime::on_pool_for(&device, || lp.step())?;
         lp.state.global_step += 1;
         lp.state.num_input_tokens_seen += tokens as u64;
         lp.state.epoch = lp.data.epoch();
