@@ -13,11 +13,13 @@
 //!   `g_i = d out_i / d hidden_i = weight[target_i] - p_i @ weight` (one more gemm per block) and
 //!   keeps `g [n, h]` in the op, so the backward is `dhidden = dy[:, None] * g`, no gemm.
 //! - the head (full fine-tuning, tied embeddings): the forward keeps `lse [n]`; the backward
-//!   recomputes the logits tile by tile over the vocabulary (`[rows, vocab tile]`), forms
+//!   takes the probabilities tile by tile over the vocabulary (`[rows, vocab tile]`), forms
 //!   `G = dy[:, None] * (onehot - p)` and accumulates `dweight = G^T @ hidden` and (when `hidden`
 //!   tracks) `dhidden = G @ weight`, every element of `dweight` written once per chunk of up to
-//!   1024 rows. With the forward's, that is one gemm more than the composite: the price of never
-//!   storing `[n, V]`.
+//!   1024 rows. Where `[n, V]` is small ([`KEEP_PROBS`] elements: 128 MiB of f32, 512 rows of
+//!   SmolLM2's vocabulary) the forward keeps the probabilities for the backward, which then
+//!   reads its tiles from them; above that it recomputes each tile's logits (one gemm more
+//!   than the composite: the price of never storing `[n, V]`).
 
 use std::sync::{Arc, Mutex};
 
@@ -39,6 +41,13 @@ const BWD_ROWS: usize = 1024;
 /// elements measured alike.
 const BWD_TILE: usize = 1 << 21;
 
+/// The most elements of `[n, V]` probabilities a trainable head's forward keeps for its
+/// backward (f32: 128 MiB); above it the backward recomputes the logits. Keeping them saves
+/// the backward's logits gemm (`2 n V h` FLOPs: 0.2-0.3 s of a SmolLM2 training step on 2
+/// cores) for that much memory, held from the head's forward to its backward (the first op
+/// of the backward pass). `RLFT_HEAD_KEEP=0` turns the keeping off (A/B).
+pub const KEEP_PROBS: usize = 1 << 25;
+
 /// Block sizes of the forward and backward passes (tests shrink them to cover every edge).
 #[derive(Debug, Clone, Copy)]
 struct Blocks {
@@ -50,6 +59,8 @@ struct Blocks {
     bwd_rows: usize,
     /// Elements per backward tile.
     bwd_tile: usize,
+    /// The most `[n, V]` probabilities a trainable head keeps for the backward.
+    keep_probs: usize,
 }
 
 impl Blocks {
@@ -69,6 +80,7 @@ const DEFAULT_BLOCKS: Blocks = Blocks {
     fwd_min_rows: FWD_MIN_ROWS,
     bwd_rows: BWD_ROWS,
     bwd_tile: BWD_TILE,
+    keep_probs: KEEP_PROBS,
 };
 
 /// Log-probabilities of `targets` under `softmax(hidden @ weight^T)`, fused: `hidden [n, h]`,
@@ -85,7 +97,20 @@ pub fn lm_head_logprobs(
     targets: &Tensor,
     entropy: bool,
 ) -> candle_core::Result<(Tensor, Option<Tensor>)> {
-    lm_head_logprobs_with(hidden, weight, targets, entropy, DEFAULT_BLOCKS)
+    static KEEP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // `RLFT_HEAD_KEEP=0`: always recompute (A/B).
+    let keep_probs = *KEEP.get_or_init(|| {
+        if crate::runtime::switched_off("RLFT_HEAD_KEEP") {
+            0
+        } else {
+            KEEP_PROBS
+        }
+    });
+    let blocks = Blocks {
+        keep_probs,
+        ..DEFAULT_BLOCKS
+    };
+    lm_head_logprobs_with(hidden, weight, targets, entropy, blocks)
 }
 
 fn lm_head_logprobs_with(
@@ -164,6 +189,9 @@ struct State {
     g: Option<Tensor>,
     /// `[n]`: the log-sum-exp of each row (trainable head).
     lse: Option<Tensor>,
+    /// `[n, V]`: the probabilities (trainable head, `n V <= keep_probs`), taken by the
+    /// backward.
+    probs: Option<Tensor>,
     /// `[n]`: the entropies, taken by [`lm_head_logprobs`].
     entropy: Option<Tensor>,
 }
@@ -194,6 +222,8 @@ struct Forward<T> {
     lse: Vec<T>,
     entropy: Vec<T>,
     g: Vec<T>,
+    /// `[n, v]` probabilities when kept, else empty.
+    probs: Vec<T>,
 }
 
 /// Statistics of one row of logits: `(picked - lse, lse, entropy)`. With `normalize`, the row is
@@ -282,11 +312,13 @@ fn forward<T: Real>(
     (n, h, v): (usize, usize, usize),
     targets: &[u32],
     want_g: bool,
+    keep: bool,
     blocks: Blocks,
 ) -> Forward<T> {
     let zero = T::from_f64(0.0);
     let blk = blocks.fwd_rows(n, v);
-    let mut logits = vec![zero; blk * v];
+    // With `keep`, every block's logits (then probabilities) stay: one `[n, v]` buffer.
+    let mut logits = vec![zero; if keep { n * v } else { blk * v }];
     let mut pw = if want_g {
         vec![zero; blk * h]
     } else {
@@ -301,11 +333,16 @@ fn forward<T: Real>(
         } else {
             Vec::new()
         },
+        probs: Vec::new(),
     };
     let mut stats = Vec::with_capacity(blk);
     for r0 in (0..n).step_by(blk) {
         let m = blk.min(n - r0);
-        let logits = &mut logits[..m * v];
+        let logits = if keep {
+            &mut logits[r0 * v..(r0 + m) * v]
+        } else {
+            &mut logits[..m * v]
+        };
         // logits [m, v] = x_blk [m, h] @ w^T.
         gemm(
             m,
@@ -321,7 +358,7 @@ fn forward<T: Real>(
         logits
             .par_chunks_mut(v)
             .zip(&targets[r0..r0 + m])
-            .map(|(row, &t)| row_stats(row, t as usize, want_g))
+            .map(|(row, &t)| row_stats(row, t as usize, want_g || keep))
             .collect_into_vec(&mut stats);
         for &(o, l, e) in &stats {
             res.out.push(o);
@@ -343,18 +380,31 @@ fn forward<T: Real>(
                 });
         }
     }
+    if keep {
+        res.probs = logits;
+    }
     res
 }
 
-/// The backward that recomputes the logits: `x [n, h]`, `w [v, h]`, `lse [n]`, `dy [n]` ->
-/// `(dx [n, h] when want_dx, dw [v, h])`, tiled `[rows, vocab tile]`.
+/// Where the backward takes each row's probabilities from.
+#[derive(Clone, Copy)]
+enum Probs<'a, T> {
+    /// The forward's `[n, v]` probabilities.
+    Kept(&'a [T]),
+    /// Recomputed from the logits: the `[n]` log-sum-exp of each row.
+    Recompute(&'a [T]),
+}
+
+/// The backward of a trainable head: `x [n, h]`, `w [v, h]`, `probs` (kept, or `lse [n]` to
+/// recompute them), `dy [n]` -> `(dx [n, h] when want_dx, dw [v, h])`, tiled
+/// `[rows, vocab tile]`.
 #[allow(clippy::too_many_arguments)]
-fn backward_recompute<T: Real>(
+fn backward_tiled<T: Real>(
     x: &[T],
     w: &[T],
     (n, h, v): (usize, usize, usize),
     targets: &[u32],
-    lse: &[T],
+    probs: Probs<'_, T>,
     dy: &[T],
     want_dx: bool,
     blocks: Blocks,
@@ -376,23 +426,43 @@ fn backward_recompute<T: Real>(
             let vb = vt.min(v - v0);
             let wt = &w[v0 * h..(v0 + vb) * h];
             let tile = &mut tile[..m * vb];
-            // L [m, vb] = x_blk [m, h] @ w_tile^T.
-            gemm(m, vb, h, tile, xb, false, wt, true, false);
-            // G = dy * (onehot - exp(L - lse)).
-            tile.par_chunks_mut(vb)
-                .zip(&targets[r0..r0 + m])
-                .zip(lse[r0..r0 + m].par_iter().zip(&dy[r0..r0 + m]))
-                .for_each(|((row, &t), (&l, &d))| {
-                    simd!({
-                        for x in row.iter_mut() {
-                            *x = -(d * (*x - l).exp());
-                        }
-                    });
-                    let t = t as usize;
-                    if (v0..v0 + vb).contains(&t) {
-                        row[t - v0] += d;
-                    }
-                });
+            let onehot = |row: &mut [T], t: u32, d: T| {
+                let t = t as usize;
+                if (v0..v0 + vb).contains(&t) {
+                    row[t - v0] += d;
+                }
+            };
+            // G = dy * (onehot - p).
+            match probs {
+                Probs::Kept(p) => {
+                    tile.par_chunks_mut(vb)
+                        .enumerate()
+                        .zip(&targets[r0..r0 + m])
+                        .zip(&dy[r0..r0 + m])
+                        .for_each(|(((i, row), &t), &d)| {
+                            let pr = &p[(r0 + i) * v + v0..(r0 + i) * v + v0 + vb];
+                            for (x, &p) in row.iter_mut().zip(pr) {
+                                *x = -(d * p);
+                            }
+                            onehot(row, t, d);
+                        });
+                }
+                Probs::Recompute(lse) => {
+                    // L [m, vb] = x_blk [m, h] @ w_tile^T, p = exp(L - lse).
+                    gemm(m, vb, h, tile, xb, false, wt, true, false);
+                    tile.par_chunks_mut(vb)
+                        .zip(&targets[r0..r0 + m])
+                        .zip(lse[r0..r0 + m].par_iter().zip(&dy[r0..r0 + m]))
+                        .for_each(|((row, &t), (&l, &d))| {
+                            simd!({
+                                for x in row.iter_mut() {
+                                    *x = -(d * (*x - l).exp());
+                                }
+                            });
+                            onehot(row, t, d);
+                        });
+                }
+            }
             // dw_tile [vb, h] (+)= G^T [vb, m] @ x_blk [m, h].
             gemm(
                 vb,
@@ -441,7 +511,8 @@ impl CustomOp2 for LmHead {
         dispatch!(xs.dtype(), T => {
             let x = contiguous_slice::<T>(xs, xl)?;
             let w = contiguous_slice::<T>(ws, wl)?;
-            let f = forward(x, w, (n, h, v), &self.targets, self.want_g, self.blocks);
+            let keep = self.want_lse && n * v <= self.blocks.keep_probs;
+            let f = forward(x, w, (n, h, v), &self.targets, self.want_g, keep, self.blocks);
             let mut st = lock(&self.state)?;
             if self.want_g {
                 st.g = Some(tensor(f.g, &[n, h])?);
@@ -449,6 +520,11 @@ impl CustomOp2 for LmHead {
             if self.want_lse {
                 st.lse = Some(tensor(f.lse, &[n])?);
             }
+            st.probs = if keep {
+                Some(tensor(f.probs, &[n, v])?)
+            } else {
+                None
+            };
             if self.want_entropy {
                 st.entropy = Some(tensor(f.entropy, &[n])?);
             }
@@ -467,9 +543,10 @@ impl CustomOp2 for LmHead {
         let want_dw = w.track_op();
         let (n, h) = x.dims2()?;
         let v = w.dim(0)?;
-        let (g, lse) = {
-            let st = lock(&self.state)?;
-            (st.g.clone(), st.lse.clone())
+        // The kept probabilities serve one backward; a second one recomputes them.
+        let (g, lse, probs) = {
+            let mut st = lock(&self.state)?;
+            (st.g.clone(), st.lse.clone(), st.probs.take())
         };
         if want_dw {
             let Some(lse) = lse else {
@@ -480,10 +557,15 @@ impl CustomOp2 for LmHead {
             return dispatch!(x.dtype(), T => {
                 let (dx, dw) = with_slice::<T, _>(x, |xv| {
                     with_slice::<T, _>(w, |wv| {
-                        with_slice::<T, _>(&lse, |lv| {
+                        with_slice::<T, _>(probs.as_ref().unwrap_or(&lse), |pv| {
+                            let pv = if probs.is_some() {
+                                Probs::Kept(pv)
+                            } else {
+                                Probs::Recompute(pv)
+                            };
                             with_slice::<T, _>(dy, |dyv| {
-                                Ok(backward_recompute(
-                                    xv, wv, (n, h, v), &self.targets, lv, dyv, want_dx,
+                                Ok(backward_tiled(
+                                    xv, wv, (n, h, v), &self.targets, pv, dyv, want_dx,
                                     self.blocks,
                                 ))
                             })
@@ -561,6 +643,13 @@ mod tests {
         fwd_min_rows: 1,
         bwd_rows: 24,
         bwd_tile: 24 * 37,
+        keep_probs: 0,
+    };
+
+    /// [`SMALL`] keeping the probabilities for the backward.
+    const SMALL_KEPT: Blocks = Blocks {
+        keep_probs: usize::MAX,
+        ..SMALL
     };
 
     #[test]
@@ -640,12 +729,33 @@ mod tests {
     #[test]
     fn matches_composite_values_entropy_and_gradients() {
         for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
-            for blocks in [DEFAULT_BLOCKS, SMALL] {
+            for blocks in [DEFAULT_BLOCKS, SMALL, SMALL_KEPT] {
                 for (train_x, train_w) in
                     [(true, false), (true, true), (false, true), (false, false)]
                 {
                     check(dtype, tol, train_x, train_w, blocks);
                 }
+            }
+        }
+    }
+
+    /// A trainable head's kept probabilities serve the first backward; a second backward of
+    /// the same graph recomputes them and gives the same gradients.
+    #[test]
+    fn second_backward_recomputes() {
+        let (n, h, v) = (37, 16, 211);
+        let xv = Var::from_tensor(&rand(&[n, h], 4, DType::F64)).unwrap();
+        let wv = Var::from_tensor(&rand(&[v, h], 5, DType::F64)).unwrap();
+        let t = targets(n, v, 1);
+        for blocks in [DEFAULT_BLOCKS, SMALL_KEPT] {
+            let (lp, _) =
+                lm_head_logprobs_with(xv.as_tensor(), wv.as_tensor(), &t, false, blocks).unwrap();
+            let loss = lp.sum_all().unwrap();
+            let g1 = loss.backward().unwrap();
+            let g2 = loss.backward().unwrap();
+            for var in [&xv, &wv] {
+                let d = rel_diff(g1.get(var).unwrap(), g2.get(var).unwrap());
+                assert!(d < 1e-12, "{blocks:?}: {d}");
             }
         }
     }

@@ -50,8 +50,10 @@ pub enum HeadKernel {
     /// `exp` (f32), and bf16 logits before their f32 cast.
     Chunked,
     /// `rlft_model::fused::head::lm_head_logprobs`: logits a block of rows at a time, never
-    /// `[rows, vocab]`; a frozen head keeps `d out / d hidden` `[rows, hidden]` (f32), a
-    /// trainable one the per-row log-sum-exp and recomputes logits tiles in backward.
+    /// `[rows, vocab]` beyond [`FUSED_HEAD_KEEP`] elements; a frozen head keeps
+    /// `d out / d hidden` `[rows, hidden]` (f32), a trainable one the per-row log-sum-exp and
+    /// the `[rows, vocab]` probabilities up to [`FUSED_HEAD_KEEP`] elements (recomputing logits
+    /// tiles in backward above it).
     Fused,
 }
 
@@ -61,6 +63,9 @@ pub const FUSED_HEAD_FWD_BLOCK: usize = 1 << 23;
 pub const FUSED_HEAD_MIN_ROWS: usize = 32;
 /// Elements of the fused head's backward logits tile (`fused::head::BWD_TILE`).
 pub const FUSED_HEAD_BWD_TILE: usize = 1 << 21;
+/// The most `[rows, vocab]` probabilities a trainable fused head keeps for its backward
+/// (`fused::head::KEEP_PROBS`).
+pub const FUSED_HEAD_KEEP: usize = 1 << 25;
 
 /// The LM head the trainers run with these kernels: the fused head for f32 on the CPU, the
 /// composite for the rest (`CausalLm::target_logprobs_entropy`).
@@ -494,14 +499,22 @@ pub fn activations(
             )
         }
         HeadKernel::Fused => {
-            // Frozen head: d out / d hidden [rows, h] (f32); trainable: lse [rows].
-            let saved = Sized::one(if full { r * 4 } else { r * h * 4 });
-            // The forward's logits block (and p @ W for a frozen head), or the backward's
-            // [rows, hidden] input gradient with, for a trainable head, a logits tile.
+            // Frozen head: d out / d hidden [rows, h] (f32); trainable: lse [rows], and the
+            // probabilities [rows, vocab] when they are few enough to keep.
+            let keep = full && r * v <= FUSED_HEAD_KEEP as u64;
+            let saved = Sized::one(match (full, keep) {
+                (true, true) => r * 4 + r * v * 4,
+                (true, false) => r * 4,
+                (false, _) => r * h * 4,
+            });
+            // The forward's logits block (kept ones are counted above; p @ W for a frozen
+            // head), or the backward's [rows, hidden] input gradient with, for a trainable
+            // head, a logits tile.
             let rows = (FUSED_HEAD_FWD_BLOCK as u64 / v.max(1))
                 .max(FUSED_HEAD_MIN_ROWS as u64)
                 .min(r.max(1));
-            let fwd = Sized::one(rows * v * 4) + Sized::one(rows * h * 4);
+            let block = if keep { 0 } else { rows * v * 4 };
+            let fwd = Sized::one(block) + Sized::one(rows * h * 4);
             let tile = if full {
                 Sized::one((FUSED_HEAD_BWD_TILE as u64).min(r * v) * 4)
             } else {
@@ -518,6 +531,9 @@ pub fn activations(
                 r.div_ceil(HEAD_CHUNK as u64),
                 dims.vocab
             ),
+            HeadKernel::Fused if full && r * v <= FUSED_HEAD_KEEP as u64 => {
+                "LM head (fused): log-sum-exp per row and the [rows, vocab] probabilities".into()
+            }
             HeadKernel::Fused if full => "LM head (fused): log-sum-exp per row".into(),
             HeadKernel::Fused => "LM head (fused): input gradient [rows, h]".into(),
         },
