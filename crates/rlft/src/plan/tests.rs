@@ -457,3 +457,34 @@ fn large_buffers_come_on_top_of_the_heap() {
     assert_eq!(ex.rss_bytes, p.heap_high_water_bytes + ex.fresh_bytes);
     assert!(ex.rss_bytes > ex.live_bytes);
 }
+
+#[test]
+fn trainable_head_keeps_small_probabilities() {
+    let head = |p: &Plan| {
+        p.activations
+            .extra
+            .iter()
+            .find(|x| x.name.starts_with("LM head (fused): log-sum-exp"))
+            .map(|x| (x.name.clone(), x.size.bytes))
+            .unwrap()
+    };
+    // 16 head rows of a 512 vocabulary: lse [16] and the probabilities [16, 512] (f32).
+    let p = estimate(&tiny(), &sft(Tuning::Full, 2, 9), &ENV).unwrap();
+    let (name, bytes) = head(&p);
+    assert!(name.contains("probabilities"), "{name}");
+    assert_eq!(bytes, 16 * 4 + 16 * 512 * 4);
+    // 16 x 2^22 is over the 2^25 limit: the backward recomputes, only lse is kept.
+    let mut d = tiny();
+    d.vocab = 1 << 22;
+    let p = estimate(&d, &sft(Tuning::Full, 2, 9), &ENV).unwrap();
+    let (name, bytes) = head(&p);
+    assert!(!name.contains("probabilities"), "{name}");
+    assert_eq!(bytes, 16 * 4);
+    // A frozen head (LoRA) keeps its input gradient, never the probabilities.
+    let p = estimate(&tiny(), &sft(lora_qv(), 2, 9), &ENV).unwrap();
+    assert!(p
+        .activations
+        .extra
+        .iter()
+        .all(|x| !x.name.contains("probabilities")));
+}
