@@ -9,8 +9,8 @@
 //!   spin ([`BARRIER_SPIN`]) keeps the pool's parallelism and parks idle workers at once.
 //!   An explicit `CANDLE_BARRIER_POOL_SPIN_LIMIT` or `CANDLE_NUM_THREADS` is left as it is.
 //!
-//! Generation and each training step run through [`on_pool`]: on a rayon worker, with the
-//! pool's other workers spinning between loops instead of parking.
+//! Generation, the no-grad log-prob passes and each training step run through [`on_pool`]: on
+//! a rayon worker, with the pool's other workers spinning between loops instead of parking.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -126,9 +126,17 @@ fn timed<T>(times: &mut Metrics, phase: &str, f: impl FnOnce() -> Result<T>) -> 
 }
 
 impl Loop<'_> {
-    /// Generates, scores and prepares one rollout.
+    /// Generates, scores and prepares one rollout. Generation and the log-prob passes run on
+    /// the thread pool with its workers spinning ([`rlft_model::runtime::on_pool`]); the
+    /// rewards do not (an external reward command would share the cores with the spinners).
     fn rollout(&mut self, times: &mut Metrics) -> Result<RolloutData> {
         let cfg = self.cfg;
+        let device = self.p.model.device().clone();
+        let on_pool = |f: &(dyn Fn() -> Result<Vec<Vec<f32>>> + Sync)| {
+            rlft_model::runtime::on_pool_for(&device, f)
+        };
+        let train = &self.p.train;
+        let (batch, pad_id) = (cfg.per_device_train_batch_size, self.p.pad_id);
         let plan = self.p.plan;
         let prompts = self.data.take(plan.rollout_prompts);
         let settings = RolloutSettings {
@@ -157,19 +165,20 @@ impl Loop<'_> {
                 },
             ))
         })?;
-        let batch = cfg.per_device_train_batch_size;
         let old = if plan.steps_per_rollout > 1 {
             Some(timed(times, "old_logprobs", || {
                 let m = rlft_model::trainable::detached(&self.p.model);
-                logprobs_no_grad(
-                    &m,
-                    &self.p.train,
-                    &samples,
-                    batch,
-                    self.p.pad_id,
-                    cfg.temperature,
-                    cfg.share_prompts,
-                )
+                on_pool(&|| {
+                    logprobs_no_grad(
+                        &m,
+                        train,
+                        &samples,
+                        batch,
+                        pad_id,
+                        cfg.temperature,
+                        cfg.share_prompts,
+                    )
+                })
             })?)
         } else {
             None
@@ -180,15 +189,17 @@ impl Loop<'_> {
                     Some(r) => r.clone(),
                     None => rlft_model::trainable::detached(&self.p.model).adapters_disabled(),
                 };
-                logprobs_no_grad(
-                    &m,
-                    &self.p.train,
-                    &samples,
-                    batch,
-                    self.p.pad_id,
-                    cfg.temperature,
-                    cfg.share_prompts,
-                )
+                on_pool(&|| {
+                    logprobs_no_grad(
+                        &m,
+                        train,
+                        &samples,
+                        batch,
+                        pad_id,
+                        cfg.temperature,
+                        cfg.share_prompts,
+                    )
+                })
             })?)
         } else {
             None
@@ -526,8 +537,7 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
             break;
         }
         let mut times = Metrics::new();
-        let device = lp.p.model.device().clone();
-        let r = rlft_model::runtime::on_pool_for(&device, || lp.rollout(&mut times))?;
+        let r = lp.rollout(&mut times)?;
         let rollout_times = times.clone();
         let n = r.samples.len();
         let mut first_step_of_rollout = true;
@@ -538,6 +548,8 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
                 }
                 let idx: Vec<usize> = (chunk_start..(chunk_start + train_batch).min(n)).collect();
                 let mut step_times = Metrics::new();
+                // On the pool, its workers spinning (`on_pool`).
+                let device = lp.p.model.device().clone();
                 let step_m = rlft_model::runtime::on_pool_for(&device, || {
                     lp.step(&r, &idx, &mut step_times)
                 })?;
