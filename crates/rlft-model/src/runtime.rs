@@ -44,7 +44,7 @@ pub fn tune() {
 /// as OpenMP's threads spin for a "block time" after a parallel region. A parked worker has
 /// to be woken (a futex call, an interrupt to a halted CPU), and on a virtual machine the
 /// host gives an idle CPU away: `rlft bench generate` ran 11% faster with the spinning, the
-/// host's steal on the run 0-2% against 1-11% (docs/kernels.md). One call spins at a time
+/// host's steal on the run 0-3% against 1-11% (docs/kernels.md). One call spins at a time
 /// (two whose spinners each waited on the other's `f` would never finish); a concurrent call
 /// runs without. `RLFT_SPIN=0` turns the spinning off.
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
