@@ -131,12 +131,6 @@ impl Loop<'_> {
     /// rewards do not (an external reward command would share the cores with the spinners).
     fn rollout(&mut self, times: &mut Metrics) -> Result<RolloutData> {
         let cfg = self.cfg;
-        let device = self.p.model.device().clone();
-        let on_pool = |f: &(dyn Fn() -> Result<Vec<Vec<f32>>> + Sync)| {
-            rlft_model::runtime::on_pool_for(&device, f)
-        };
-        let train = &self.p.train;
-        let (batch, pad_id) = (cfg.per_device_train_batch_size, self.p.pad_id);
         let plan = self.p.plan;
         let prompts = self.data.take(plan.rollout_prompts);
         let settings = RolloutSettings {
@@ -165,20 +159,25 @@ impl Loop<'_> {
                 },
             ))
         })?;
+        // The no-grad log-probs of the samples under `m` (old policy, reference).
+        let (device, train) = (self.p.model.device(), &self.p.train);
+        let (batch, pad_id) = (cfg.per_device_train_batch_size, self.p.pad_id);
+        let no_grad_pass = |m: &rlft_model::CausalLm| {
+            rlft_model::runtime::on_pool_for(device, || {
+                logprobs_no_grad(
+                    m,
+                    train,
+                    &samples,
+                    batch,
+                    pad_id,
+                    cfg.temperature,
+                    cfg.share_prompts,
+                )
+            })
+        };
         let old = if plan.steps_per_rollout > 1 {
             Some(timed(times, "old_logprobs", || {
-                let m = rlft_model::trainable::detached(&self.p.model);
-                on_pool(&|| {
-                    logprobs_no_grad(
-                        &m,
-                        train,
-                        &samples,
-                        batch,
-                        pad_id,
-                        cfg.temperature,
-                        cfg.share_prompts,
-                    )
-                })
+                no_grad_pass(&rlft_model::trainable::detached(&self.p.model))
             })?)
         } else {
             None
@@ -189,17 +188,7 @@ impl Loop<'_> {
                     Some(r) => r.clone(),
                     None => rlft_model::trainable::detached(&self.p.model).adapters_disabled(),
                 };
-                on_pool(&|| {
-                    logprobs_no_grad(
-                        &m,
-                        train,
-                        &samples,
-                        batch,
-                        pad_id,
-                        cfg.temperature,
-                        cfg.share_prompts,
-                    )
-                })
+                no_grad_pass(&m)
             })?)
         } else {
             None
@@ -528,6 +517,7 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
     let mut ran = 0u64;
     let train_batch = lp.p.plan.train_batch;
     let mut save_due = false;
+    let device = lp.p.model.device().clone();
     while lp.state.global_step < total {
         if opts.shutdown.as_ref().is_some_and(|s| s.is_requested()) {
             summary.interrupted = true;
@@ -549,7 +539,6 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
                 let idx: Vec<usize> = (chunk_start..(chunk_start + train_batch).min(n)).collect();
                 let mut step_times = Metrics::new();
                 // On the pool, its workers spinning (`on_pool`).
-                let device = lp.p.model.device().clone();
                 let step_m = rlft_model::runtime::on_pool_for(&device, || {
                     lp.step(&r, &idx, &mut step_times)
                 })?;
