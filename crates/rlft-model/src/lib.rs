@@ -36,6 +36,7 @@ pub mod kernels;
 pub mod kv_cache;
 pub mod load;
 pub mod lora;
+pub mod op_time;
 pub mod ops;
 pub mod peft;
 pub mod quant;

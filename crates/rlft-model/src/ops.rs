@@ -245,6 +245,7 @@ impl CustomOp1 for FrozenLinear {
     }
 
     fn cpu_fwd(&self, x: &CpuStorage, xl: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let _t = crate::op_time::span("frozen-linear fwd");
         let (wg, wl) = self.weight.storage_and_layout();
         let w = backend_storage!(wg, Cpu);
         match &self.bias {
@@ -286,6 +287,7 @@ impl CustomOp1 for FrozenLinear {
 
     /// `dx = dy @ w`, the same product candle's matmul backward computes for its left operand.
     fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let _t = crate::op_time::span("frozen-linear bwd");
         Ok(Some(dy.contiguous()?.matmul(&self.weight)?))
     }
 }
@@ -366,6 +368,7 @@ impl CustomOp1 for ConstBinary {
     }
 
     fn cpu_fwd(&self, x: &CpuStorage, xl: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let _t = crate::op_time::span("const-binary fwd");
         let (cg, cl) = self.c.storage_and_layout();
         self.fwd(x, xl, (backend_storage!(cg, Cpu), cl))
     }
@@ -385,6 +388,7 @@ impl CustomOp1 for ConstBinary {
     }
 
     fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let _t = crate::op_time::span("const-binary bwd");
         Ok(Some(match self.op {
             ConstOp::Mul => dy.broadcast_mul(&self.c)?,
             ConstOp::Add => dy.clone(),

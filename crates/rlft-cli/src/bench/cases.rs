@@ -15,6 +15,7 @@ use candle_core::Var;
 use rlft_model::bench::process::{self, CpuSnapshot};
 use rlft_model::bench::{bench_lora_config, fwd_bwd, median, ref_pass, BenchBatch};
 use rlft_model::lora::{attach_lora, ALL_LINEAR};
+use rlft_model::op_time;
 use rlft_model::runtime::on_pool;
 use rlft_model::trainable::make_trainable;
 use rlft_model::{generate, GenerateRequest, LoadedModel, SamplingParams};
@@ -173,6 +174,9 @@ fn bench_fwd_bwd(a: &BenchArgs, lora: bool) -> Result<Value> {
     let (mut total, mut fwd, mut bwd, mut bwd_cpu) = (vec![], vec![], vec![], vec![]);
     let mut loss = f32::NAN;
     for rep in 0..a.warmup + a.reps {
+        if rep == a.warmup {
+            op_time::take(); // the timed reps only
+        }
         let (t, grads) = on_pool(|| fwd_bwd(&m.model, &batch))?;
         drop(grads);
         loss = t.loss;
@@ -191,6 +195,10 @@ fn bench_fwd_bwd(a: &BenchArgs, lora: bool) -> Result<Value> {
         "backward_cpu_s_median": median(&bwd_cpu),
         "tokens_per_s_median": batch.tokens() as f64 / median(&total), "loss": loss,
     });
+    if op_time::enabled() {
+        let mean = total.iter().sum::<f64>() / total.len().max(1) as f64;
+        eprint!("{}", op_time::table(&op_time::take(), total.len(), mean));
+    }
     let case = if lora { Case::Lora } else { Case::FwdBwd };
     Ok(meter.finish(case, &total, load_s, detail))
 }

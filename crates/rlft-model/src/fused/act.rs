@@ -91,6 +91,7 @@ impl CustomOp2 for SwiGlu {
         us: &CpuStorage,
         ul: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let _t = crate::op_time::span("swiglu fwd");
         dispatch!(gs.dtype(), T => {
             let g = contiguous_slice::<T>(gs, gl)?;
             let u = contiguous_slice::<T>(us, ul)?;
@@ -109,6 +110,7 @@ impl CustomOp2 for SwiGlu {
         _y: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let _t = crate::op_time::span("swiglu bwd");
         let (want_g, want_u) = (gate.track_op(), up.track_op());
         dispatch!(gate.dtype(), T => {
             let zero = T::from_f64(0.0);

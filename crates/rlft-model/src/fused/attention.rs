@@ -423,6 +423,7 @@ impl CustomOp3 for Attention {
         vs: &CpuStorage,
         vl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let _t = crate::op_time::span("attention fwd");
         let (b, h, t, d) = ql.shape().dims4()?;
         let (_, kvh, big_t, _) = kl.shape().dims4()?;
         let dm = Dims {
@@ -458,6 +459,7 @@ impl CustomOp3 for Attention {
         _out: &Tensor,
         dout: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let _t = crate::op_time::span("attention bwd");
         let (b, h, t, d) = q.dims4()?;
         let (_, kvh, big_t, _) = k.dims4()?;
         let dm = Dims {

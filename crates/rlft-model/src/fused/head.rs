@@ -497,6 +497,7 @@ impl CustomOp2 for LmHead {
         ws: &CpuStorage,
         wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let _t = crate::op_time::span("lm-head fwd");
         let (n, h) = xl.shape().dims2()?;
         let (v, hw) = wl.shape().dims2()?;
         if h != hw || self.targets.len() != n {
@@ -539,6 +540,7 @@ impl CustomOp2 for LmHead {
         _out: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let _t = crate::op_time::span("lm-head bwd");
         let want_dx = x.track_op();
         let want_dw = w.track_op();
         let (n, h) = x.dims2()?;

@@ -126,6 +126,7 @@ impl CustomOp2 for Linear {
         ws: &CpuStorage,
         wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let _t = crate::op_time::span("linear fwd");
         let (m, k) = rows_in(xl.dims());
         let (n, _) = wl.shape().dims2()?;
         dispatch!(xs.dtype(), T => {
@@ -146,6 +147,7 @@ impl CustomOp2 for Linear {
         _y: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let _t = crate::op_time::span("linear bwd");
         let (m, k) = rows_in(x.dims());
         let (n, _) = w.dims2()?;
         let (want_x, want_w) = (x.track_op(), w.track_op());
@@ -309,6 +311,7 @@ impl CustomOp3 for LoraLinear {
         bs: &CpuStorage,
         bl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let _t = crate::op_time::span("lora-linear fwd");
         let (m, k) = rows_in(xl.dims());
         let (r, _) = al.shape().dims2()?;
         let (n, _) = bl.shape().dims2()?;
@@ -340,6 +343,7 @@ impl CustomOp3 for LoraLinear {
         _y: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let _t = crate::op_time::span("lora-linear bwd");
         let (m, k) = rows_in(x.dims());
         let (r, _) = a.dims2()?;
         let (n, _) = b.dims2()?;

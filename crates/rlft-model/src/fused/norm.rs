@@ -120,6 +120,7 @@ impl CustomOp2 for RmsNorm {
         ws: &CpuStorage,
         wl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let _t = crate::op_time::span("rms-norm fwd");
         let h = wl.shape().elem_count();
         if xl.dims().last() != Some(&h) {
             candle_core::bail!(
@@ -140,6 +141,7 @@ impl CustomOp2 for RmsNorm {
         _y: &Tensor,
         dy: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+        let _t = crate::op_time::span("rms-norm bwd");
         let want_dx = x.track_op();
         let want_dw = w.track_op();
         if !want_dx && !want_dw {

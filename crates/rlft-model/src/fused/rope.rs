@@ -147,6 +147,7 @@ impl CustomOp1 for Rope {
     }
 
     fn cpu_fwd(&self, xs: &CpuStorage, xl: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let _t = crate::op_time::span("rope fwd");
         let [b, h, t, d] = self.dims;
         let src = match self.rows_in {
             Some(_) => {
@@ -179,6 +180,7 @@ impl CustomOp1 for Rope {
     }
 
     fn bwd(&self, x: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let _t = crate::op_time::span("rope bwd");
         let [_b, h, t, d] = self.dims;
         let dy = dy.contiguous()?;
         let src = Strided {
