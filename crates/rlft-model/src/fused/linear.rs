@@ -12,6 +12,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
+use super::low_rank::expand;
 use super::{contiguous_slice, dispatch, gemm, gemm_new, tensor, with_slice, Real};
 
 /// `x [.., k] @ w [n, k]^T (+ bias [n]) -> [.., n]` (CPU f32/f64; leading dims are rows, so no
@@ -206,61 +207,6 @@ fn narrow_wt<T: Real>(m: usize, r: usize, k: usize, out: &mut [T], x: &[T], a: &
     }
 }
 
-/// Output rows per parallel task of [`low_rank`].
-const LOW_RANK_ROWS: usize = 16;
-/// Output columns [`low_rank`] keeps in registers at a time.
-const LOW_RANK_COLS: usize = 64;
-
-/// `out [m, n] = h [m, r] @ bt [r, n] (+ bias [n])` into a new buffer, for a small `r` (LoRA's
-/// rank): each output element is written once, summed over `r` in registers (`LOW_RANK_COLS`
-/// columns at a time), where gemm would pack `h` and read the output back. The layers use it to
-/// seed an output that the base product then accumulates onto.
-fn low_rank<T: Real>(
-    h: &[T],
-    bt: &[T],
-    bias: Option<&[T]>,
-    m: usize,
-    r: usize,
-    n: usize,
-) -> Vec<T> {
-    assert!(h.len() >= m * r && bt.len() >= r * n && bias.is_none_or(|b| b.len() == n));
-    let zero = T::from_f64(0.0);
-    let mut out: Vec<T> = Vec::with_capacity(m * n);
-    if n > 0 {
-        out.spare_capacity_mut()[..m * n]
-            .par_chunks_mut(n * LOW_RANK_ROWS)
-            .enumerate()
-            .for_each(|(task, rows)| {
-                super::simd!({
-                    for (i, row) in rows.chunks_mut(n).enumerate() {
-                        let hi = &h[(task * LOW_RANK_ROWS + i) * r..][..r];
-                        for (c, cols) in row.chunks_mut(LOW_RANK_COLS).enumerate() {
-                            let j0 = c * LOW_RANK_COLS;
-                            let mut acc = [zero; LOW_RANK_COLS];
-                            let acc = &mut acc[..cols.len()];
-                            if let Some(b) = bias {
-                                acc.copy_from_slice(&b[j0..j0 + cols.len()]);
-                            }
-                            for (rr, &hv) in hi.iter().enumerate() {
-                                let brow = &bt[rr * n + j0..][..cols.len()];
-                                for (o, &bv) in acc.iter_mut().zip(brow) {
-                                    *o += hv * bv;
-                                }
-                            }
-                            for (o, &v) in cols.iter_mut().zip(acc.iter()) {
-                                o.write(v);
-                            }
-                        }
-                    }
-                })
-            });
-    }
-    // SAFETY: the loop above wrote every one of the m * n elements (each row's columns in
-    // chunks that cover it).
-    unsafe { out.set_len(m * n) };
-    out
-}
-
 /// `b [n, r]` transposed, `[r, n]`.
 fn transposed<T: Real>(b: &[T], n: usize, r: usize) -> Vec<T> {
     let mut t = vec![T::from_f64(0.0); n * r];
@@ -323,8 +269,8 @@ impl CustomOp3 for LoraLinear {
             // y = h @ B^T (+ bias), then y += x @ W^T: each writes the output once.
             let bt = transposed(b, n, r);
             let mut y = match &self.bias {
-                Some(bias) => with_slice::<T, _>(bias, |bv| Ok(low_rank(&h, &bt, Some(bv), m, r, n)))?,
-                None => low_rank(&h, &bt, None, m, r, n),
+                Some(bias) => with_slice::<T, _>(bias, |bv| Ok(expand(&h, &bt, Some(bv), m, r, n)))?,
+                None => expand(&h, &bt, None, m, r, n),
             };
             with_slice::<T, _>(&self.w, |w| {
                 gemm(m, n, k, &mut y, x, false, w, true, true);
@@ -362,7 +308,7 @@ impl CustomOp3 for LoraLinear {
                             dh.iter_mut().for_each(|v| *v *= s);
                             let dx = if want_x {
                                 // dx = dh @ A (times the dropout mask), then dx += dy @ W.
-                                let mut dx = low_rank(&dh, av, None, m, r, k);
+                                let mut dx = expand(&dh, av, None, m, r, k);
                                 if let Some(mk) = &self.mask {
                                     with_slice::<T, _>(mk, |mv| {
                                         dx.par_iter_mut()
@@ -422,37 +368,6 @@ mod tests {
     use super::super::test_util::{rand, rel_diff};
     use super::*;
     use candle_core::{DType, Var};
-
-    /// The low-rank product equals a plain triple loop: row counts that leave a partial task,
-    /// column counts that leave a partial register chunk, several ranks, with and without bias.
-    #[test]
-    fn low_rank_matches_a_plain_product() {
-        for (m, n) in [(37usize, 150usize), (16, 64), (1, 3), (0, 5)] {
-            for r in [1usize, 4, 16] {
-                let h: Vec<f64> = (0..m * r)
-                    .map(|i| ((i * 7) % 23) as f64 / 5.0 - 2.0)
-                    .collect();
-                let bt: Vec<f64> = (0..r * n)
-                    .map(|i| ((i * 5) % 19) as f64 / 3.0 - 3.0)
-                    .collect();
-                let bias: Vec<f64> = (0..n).map(|j| j as f64 * 0.25 - 1.0).collect();
-                for with_bias in [false, true] {
-                    let got = low_rank(&h, &bt, with_bias.then_some(&bias[..]), m, r, n);
-                    assert_eq!(got.len(), m * n);
-                    for i in 0..m {
-                        for j in 0..n {
-                            let mut want = if with_bias { bias[j] } else { 0.0 };
-                            for q in 0..r {
-                                want += h[i * r + q] * bt[q * n + j];
-                            }
-                            let d = (got[i * n + j] - want).abs();
-                            assert!(d < 1e-12, "{m}x{n} r {r} bias {with_bias} at ({i}, {j})");
-                        }
-                    }
-                }
-            }
-        }
-    }
 
     #[test]
     fn linear_matches_matmul_values_and_gradients() {

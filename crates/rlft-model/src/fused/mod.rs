@@ -18,6 +18,7 @@ pub mod act;
 pub mod attention;
 pub mod head;
 pub mod linear;
+mod low_rank;
 pub mod norm;
 pub mod rope;
 
