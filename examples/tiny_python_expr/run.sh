@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tiny_python_expr end to end: build the dataset, train with GRPO, write the report.
 # Every setting comes from an environment variable (defaults: the CPU run on the embedded
-# SmolLM2-135M-Instruct with LoRA, about 13 minutes of training on 2 cores). Examples:
+# SmolLM2-135M-Instruct with LoRA, 7-10 minutes of training on 2 cores). Examples:
 #
 #   ./examples/tiny_python_expr/run.sh
 #   MAX_STEPS=10 ./examples/tiny_python_expr/run.sh                      # a quick look
