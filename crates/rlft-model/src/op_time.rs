@@ -1,7 +1,7 @@
 //! Wall time per fused op, to see where a training step goes: `RLFT_OP_TIMES=1` turns it on
 //! (read once), [`span`] times one call of an op's forward or backward, [`take`] returns the
-//! totals gathered since the last call. `rlft bench fwd_bwd|lora|ref_pass` prints them after
-//! the timed reps when it is on. What a step spends outside these spans is candle's own work
+//! totals gathered since the last call. `rlft bench fwd_bwd|lora` prints them after the timed
+//! reps when it is on, `rlft bench grpo` after all its steps. What a step spends outside these spans is candle's own work
 //! (its ops, gradient sums, allocation) and the gaps between ops.
 //!
 //! Off, a span costs one relaxed atomic load. Calls nested inside a span (the LM head's

@@ -1,5 +1,5 @@
 //! SFT end to end on a tiny random model: it learns, resume equals an uninterrupted run,
-//! batch 4 x accumulation 1 equals batch 1 x accumulation 4, LoRA trains only adapters.
+//! batch 8 x accumulation 1 equals batch 1 x accumulation 8, LoRA trains only adapters.
 
 use std::path::Path;
 
@@ -107,12 +107,13 @@ fn batch_times_accumulation_is_invariant() {
     let a = tempfile::tempdir().unwrap();
     let mut cfg_a = setup(a.path());
     cfg_a.max_steps = 3;
+    cfg_a.per_device_train_batch_size = 8;
     let (sa, wa) = run(&cfg_a, &RunOptions::default());
     let b = tempfile::tempdir().unwrap();
     let mut cfg_b = setup(b.path());
     cfg_b.max_steps = 3;
     cfg_b.per_device_train_batch_size = 1;
-    cfg_b.gradient_accumulation_steps = 4;
+    cfg_b.gradient_accumulation_steps = 8;
     let (sb, wb) = run(&cfg_b, &RunOptions::default());
     for (x, y) in sa.train_losses.iter().zip(&sb.train_losses) {
         assert!((x - y).abs() < 1e-5, "{x} vs {y}");
