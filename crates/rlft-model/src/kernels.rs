@@ -150,6 +150,11 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 pub(crate) fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
+        if crate::avx512::enabled() {
+            // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (checked by `enabled`).
+            unsafe { crate::avx512::dot_block(x, m, k, w, out) };
+            return;
+        }
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU supports AVX2 and FMA (checked above).
             unsafe { avx2::dot_block(x, m, k, w, out) };

@@ -21,6 +21,8 @@
 //!   measurements (peak RSS, interference), shared by `rlft bench` and the examples.
 
 pub mod alloc;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod bench;
 pub mod checkpoint;
 pub mod config;

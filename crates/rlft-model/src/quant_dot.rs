@@ -1,4 +1,5 @@
-//! `x @ W^T` read straight from GGUF blocks, for decoding (AVX2 + FMA).
+//! `x @ W^T` read straight from GGUF blocks, for decoding (AVX2 + FMA; the AVX-512 twin in
+//! `crate::avx512` runs instead where the CPU has it).
 //!
 //! A decode step multiplies a handful of rows of `x` (one per sequence) by every weight. The
 //! kernel here dequantises 8 weights at a time into a register (the loader's formulas: `q * d +
@@ -51,6 +52,11 @@ pub(crate) fn available() -> bool {
 /// `cols * m`, and `w`'s slices whole blocks of `cols` rows.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn matmul_blocks(x: &[f32], m: usize, k: usize, w: Layout, out: &mut [f32]) {
+    if crate::avx512::enabled() {
+        // SAFETY: the CPU has AVX-512F (checked by `enabled`); the rest is this function's
+        // own contract.
+        return crate::avx512::matmul_blocks(x, m, k, w, out);
+    }
     let nb = k / BLOCK;
     let cols = match w {
         Layout::Q4_1 { d, .. } | Layout::Q8_0 { d, .. } => d.len() / nb,

@@ -1,0 +1,387 @@
+//! AVX-512 twins of the decoding kernels: [`crate::kernels`]' streaming `x @ W^T` over f32
+//! weight rows and [`crate::quant_dot`]'s product read from Q4_1 / Q8_0 blocks.
+//!
+//! A decode step at batch 8 is bound by its FMAs more than by reading the weights (each weight
+//! feeds 8 of them), so on a CPU with AVX-512 the 16-lane FMAs do the same work in about half
+//! the instructions. Same register tiles and loop order as the AVX2 kernels, 16 lanes instead
+//! of 8: each dot product is summed in 16 partial sums (a different rounding, ~1e-7 relative).
+//! Used when the CPU has AVX-512F and `RLFT_AVX512` is not `0` ([`enabled`]).
+
+use std::arch::x86_64::*;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use crate::quant::BLOCK;
+use crate::quant_dot::Layout;
+
+/// 0 = not decided yet, 1 = off, 2 = on.
+static STATE: AtomicU8 = AtomicU8::new(0);
+
+/// Whether the AVX-512 kernels run: the CPU has AVX-512F (with AVX2 and FMA) and the
+/// environment does not say `RLFT_AVX512=0` (read once; for A/B runs against the AVX2 path).
+pub(crate) fn enabled() -> bool {
+    match STATE.load(Ordering::Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let on = std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::env::var("RLFT_AVX512").map_or(true, |v| v != "0");
+            STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            on
+        }
+    }
+}
+
+/// Weight rows (output columns) and rows of `x` per register tile of [`dot_block`]: 24 of the
+/// 32 zmm registers accumulate, so a decode step's 8 rows share each weight load.
+const TILE_COLS: usize = 3;
+const TILE_ROWS: usize = 8;
+/// How many tiles ahead the weight rows are prefetched (as the AVX2 kernel).
+const PREFETCH_TILES: usize = 2;
+
+/// For each weight row `j` in `w [cols, k]`: `out[j * m + i] = dot(x_i, w_j)`; the AVX-512
+/// twin of `kernels::avx2::dot_block` (tiles of up to 8 rows of `x` by 3 weight rows, 24 zmm
+/// accumulators).
+///
+/// # Safety
+/// The CPU must have AVX-512F, AVX2 and FMA ([`enabled`]); `x` holds `m * k` values and `out`
+/// `cols * m`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
+    let cols = w.len() / k;
+    assert!(x.len() >= m * k && out.len() >= cols * m);
+    let mut j = 0;
+    while j < cols {
+        let nc = (cols - j).min(TILE_COLS);
+        let mut i = 0;
+        while i < m {
+            let nr = (m - i).min(TILE_ROWS);
+            let (xp, wp) = (x.as_ptr().add(i * k), w.as_ptr().add(j * k));
+            let op = out.as_mut_ptr().add(j * m + i);
+            let pf = if i == 0 {
+                wp.wrapping_add(PREFETCH_TILES * TILE_COLS * k)
+            } else {
+                std::ptr::null()
+            };
+            macro_rules! dispatch {
+                ($($r:literal),*) => {
+                    match (nr, nc) {
+                        $(
+                            ($r, 3) => tile::<$r, 3>(xp, wp, k, op, m, pf),
+                            ($r, 2) => tile::<$r, 2>(xp, wp, k, op, m, pf),
+                            ($r, _) => tile::<$r, 1>(xp, wp, k, op, m, pf),
+                        )*
+                        _ => unreachable!("row groups hold 1-{TILE_ROWS} rows"),
+                    }
+                };
+            }
+            dispatch!(1, 2, 3, 4, 5, 6, 7, 8);
+            i += nr;
+        }
+        j += nc;
+    }
+}
+
+/// `out[c * m + r] = dot(x_r, w_c)` for `R` rows of `x` (row stride `k`) and `C` weight rows:
+/// 16 lanes over `k / 16 * 16` columns, then the tail in order.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn tile<const R: usize, const C: usize>(
+    xp: *const f32,
+    wp: *const f32,
+    k: usize,
+    out: *mut f32,
+    m: usize,
+    prefetch: *const f32,
+) {
+    let k16 = k / 16 * 16;
+    let mut acc = [[_mm512_setzero_ps(); C]; R];
+    let mut kk = 0;
+    while kk < k16 {
+        if !prefetch.is_null() {
+            for c in 0..TILE_COLS {
+                let p = prefetch.wrapping_add(c * k + kk);
+                _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+            }
+        }
+        let mut wv = [_mm512_setzero_ps(); C];
+        for (c, v) in wv.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(wp.add(c * k + kk));
+        }
+        for (r, row) in acc.iter_mut().enumerate() {
+            let xv = _mm512_loadu_ps(xp.add(r * k + kk));
+            for (a, wc) in row.iter_mut().zip(&wv) {
+                *a = _mm512_fmadd_ps(xv, *wc, *a);
+            }
+        }
+        kk += 16;
+    }
+    for (r, row) in acc.iter().enumerate() {
+        for (c, a) in row.iter().enumerate() {
+            let mut s = _mm512_reduce_add_ps(*a);
+            for t in k16..k {
+                s += *xp.add(r * k + t) * *wp.add(c * k + t);
+            }
+            *out.add(c * m + r) = s;
+        }
+    }
+}
+
+/// Most blocks of 32 columns per chunk of `k` (as `quant_dot`: 8 rows of `x` stay in L1).
+const KC_BLOCKS: usize = 20;
+/// Rows of `x` per register group.
+const ROWS: usize = 8;
+
+/// The AVX-512 twin of `quant_dot::matmul_blocks`: `out[c * m + r] = dot(x_r, w_c)` for the
+/// weight rows in `w`, each block unpacked into two 16-lane registers (same formulas, so the
+/// weights are bit-identical to the f32 tensor) used against up to 8 rows of `x`.
+///
+/// # Safety
+/// As `quant_dot::matmul_blocks`, and the CPU must have AVX-512F ([`enabled`]).
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(crate) unsafe fn matmul_blocks(x: &[f32], m: usize, k: usize, w: Layout, out: &mut [f32]) {
+    let nb = k / BLOCK;
+    let cols = match w {
+        Layout::Q4_1 { d, .. } | Layout::Q8_0 { d, .. } => d.len() / nb,
+    };
+    assert!(x.len() >= m * k && out.len() >= cols * m && k.is_multiple_of(BLOCK));
+    let per_chunk = nb.div_ceil(nb.div_ceil(KC_BLOCKS).max(1));
+    let mut b0 = 0;
+    while b0 < nb {
+        let b1 = (b0 + per_chunk).min(nb);
+        for c in 0..cols {
+            let mut i = 0;
+            while i < m {
+                let r = (m - i).min(ROWS);
+                let g = Group {
+                    x: x.as_ptr().add(i * k + b0 * BLOCK),
+                    k,
+                    first: c * nb + b0,
+                    blocks: b1 - b0,
+                    out: out.as_mut_ptr().add(c * m + i),
+                    accumulate: b0 > 0,
+                };
+                match w {
+                    Layout::Q4_1 { d, m: mins, qs } => g.run_rows(r, Q4_1 { d, m: mins, qs }),
+                    Layout::Q8_0 { d, qs } => g.run_rows(r, Q8_0 { d, qs }),
+                }
+                i += r;
+            }
+        }
+        b0 = b1;
+    }
+}
+
+/// Unpacks a block's 32 weights into two 16-lane vectors (elements 0-15, 16-31).
+trait Dequant: Copy {
+    unsafe fn block(self, b: usize, out: &mut [__m512; 2]);
+}
+
+#[derive(Clone, Copy)]
+struct Q4_1<'a> {
+    d: &'a [f32],
+    m: &'a [f32],
+    qs: &'a [u8],
+}
+
+impl Dequant for Q4_1<'_> {
+    /// Byte `j` of a block holds element `j` in its low nibble and `j + 16` in its high one;
+    /// `q * d + m`, multiply then add as the loader does (no FMA).
+    #[inline(always)]
+    unsafe fn block(self, b: usize, out: &mut [__m512; 2]) {
+        let (dv, mv) = (
+            _mm512_set1_ps(*self.d.get_unchecked(b)),
+            _mm512_set1_ps(*self.m.get_unchecked(b)),
+        );
+        let raw = _mm_loadu_si128(self.qs.as_ptr().add(b * 16) as *const __m128i);
+        let low = _mm_set1_epi8(0x0F);
+        let lo = _mm_and_si128(raw, low);
+        let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+        for (o, q) in out.iter_mut().zip([lo, hi]) {
+            let q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q));
+            *o = _mm512_add_ps(_mm512_mul_ps(q, dv), mv);
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Q8_0<'a> {
+    d: &'a [f32],
+    qs: &'a [i8],
+}
+
+impl Dequant for Q8_0<'_> {
+    #[inline(always)]
+    unsafe fn block(self, b: usize, out: &mut [__m512; 2]) {
+        let dv = _mm512_set1_ps(*self.d.get_unchecked(b));
+        let p = self.qs.as_ptr().add(b * BLOCK);
+        for (v, o) in out.iter_mut().enumerate() {
+            let bytes = _mm_loadu_si128(p.add(v * 16) as *const __m128i);
+            *o = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), dv);
+        }
+    }
+}
+
+/// One weight row's chunk of blocks against up to 8 rows of `x`.
+struct Group {
+    /// Row 0 of the group at the chunk's first column (row stride `k`).
+    x: *const f32,
+    k: usize,
+    /// Index of the chunk's first block in the weight's block arrays.
+    first: usize,
+    blocks: usize,
+    /// `out[r]` receives row `r`'s dot product.
+    out: *mut f32,
+    /// Add to `out` (a later chunk) instead of storing.
+    accumulate: bool,
+}
+
+impl Group {
+    /// [`Self::run`] for `rows` (1-8) rows, with enough accumulators to hide FMA latency.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[inline]
+    unsafe fn run_rows(&self, rows: usize, w: impl Dequant) {
+        match rows {
+            8 => self.run::<8, 1>(w),
+            7 => self.run::<7, 1>(w),
+            6 => self.run::<6, 1>(w),
+            5 => self.run::<5, 1>(w),
+            4 => self.run::<4, 2>(w),
+            3 => self.run::<3, 2>(w),
+            2 => self.run::<2, 2>(w),
+            _ => self.run::<1, 2>(w),
+        }
+    }
+
+    /// `R` rows of `x`, `S` accumulators per row (vector `v` of a block goes to `v % S`).
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[inline]
+    unsafe fn run<const R: usize, const S: usize>(&self, w: impl Dequant) {
+        let mut acc = [[_mm512_setzero_ps(); S]; R];
+        let mut wv = [_mm512_setzero_ps(); 2];
+        for blk in 0..self.blocks {
+            w.block(self.first + blk, &mut wv);
+            let xb = self.x.add(blk * BLOCK);
+            for (v, wvec) in wv.iter().enumerate() {
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_loadu_ps(xb.add(r * self.k + v * 16));
+                    a[v % S] = _mm512_fmadd_ps(xv, *wvec, a[v % S]);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            let mut s = a[0];
+            for part in &a[1..] {
+                s = _mm512_add_ps(s, *part);
+            }
+            let v = _mm512_reduce_add_ps(s);
+            let o = self.out.add(r);
+            *o = if self.accumulate { *o + v } else { v };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize, mul: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * mul) % 29) as f32 / 7.0 - 2.0)
+            .collect()
+    }
+
+    /// The f32 tile kernel against a plain f64 product: row counts across tile edges, weight
+    /// rows across column tiles, a `k` with a tail after the 16-lane part.
+    #[test]
+    fn dot_block_matches_a_plain_product() {
+        if !enabled() {
+            eprintln!("no AVX-512 here: skipped");
+            return;
+        }
+        for (m, k, cols) in [
+            (8usize, 576usize, 7usize),
+            (5, 40, 4),
+            (1, 16, 1),
+            (13, 1536, 3),
+        ] {
+            let (x, w) = (data(m * k, 7), data(cols * k, 11));
+            let mut out = vec![f32::NAN; cols * m];
+            // SAFETY: enabled() checked the CPU; the slices have the sizes asked for.
+            unsafe { dot_block(&x, m, k, &w, &mut out) };
+            for j in 0..cols {
+                for i in 0..m {
+                    let want: f64 = (0..k)
+                        .map(|t| x[i * k + t] as f64 * w[j * k + t] as f64)
+                        .sum();
+                    let got = out[j * m + i] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                        "{m}x{k}x{cols}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The block kernel against the same product on the dequantised weights, Q4_1 and Q8_0,
+    /// for 1-9 rows of `x` and a `k` cut into several chunks.
+    #[test]
+    fn blocks_match_the_dequantised_product() {
+        if !enabled() {
+            eprintln!("no AVX-512 here: skipped");
+            return;
+        }
+        let (k, cols) = (32 * 45, 3usize);
+        let nb = k / BLOCK;
+        let d: Vec<f32> = (0..cols * nb)
+            .map(|b| 0.01 + (b % 7) as f32 * 0.003)
+            .collect();
+        let mins: Vec<f32> = (0..cols * nb)
+            .map(|b| -0.05 + (b % 5) as f32 * 0.01)
+            .collect();
+        let q4: Vec<u8> = (0..cols * nb * 16).map(|i| (i * 37 % 256) as u8).collect();
+        let q8: Vec<i8> = (0..cols * nb * BLOCK)
+            .map(|i| (i * 53 % 256) as u8 as i8)
+            .collect();
+        let weight = |c: usize, t: usize, q4_1: bool| -> f32 {
+            let b = c * nb + t / BLOCK;
+            let e = t % BLOCK;
+            if q4_1 {
+                let byte = q4[b * 16 + e % 16];
+                let q = if e < 16 { byte & 0x0F } else { byte >> 4 } as f32;
+                q * d[b] + mins[b]
+            } else {
+                q8[b * BLOCK + e] as f32 * d[b]
+            }
+        };
+        for q4_1 in [true, false] {
+            let layout = if q4_1 {
+                Layout::Q4_1 {
+                    d: &d,
+                    m: &mins,
+                    qs: &q4,
+                }
+            } else {
+                Layout::Q8_0 { d: &d, qs: &q8 }
+            };
+            for m in 1..=9usize {
+                let x = data(m * k, 5);
+                let mut out = vec![f32::NAN; cols * m];
+                // SAFETY: enabled() checked the CPU; whole blocks of `cols` rows.
+                unsafe { matmul_blocks(&x, m, k, layout, &mut out) };
+                for c in 0..cols {
+                    for i in 0..m {
+                        let want: f64 = (0..k)
+                            .map(|t| x[i * k + t] as f64 * weight(c, t, q4_1) as f64)
+                            .sum();
+                        let got = out[c * m + i] as f64;
+                        let tol = 1e-4 * (1.0 + want.abs());
+                        assert!((got - want).abs() < tol, "q4_1 {q4_1} m {m} c {c}");
+                    }
+                }
+            }
+        }
+    }
+}
