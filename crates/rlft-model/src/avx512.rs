@@ -119,6 +119,7 @@ unsafe fn tile<const R: usize, const C: usize>(
     }
     if R == 8 && k16 == k {
         // A column's 8 sums are contiguous in `out`: reduce the 8 registers together.
+        #[allow(clippy::needless_range_loop)] // `c` indexes the inner arrays of `acc`
         for c in 0..C {
             let col: [__m512; 8] = std::array::from_fn(|r| acc[r][c]);
             _mm256_storeu_ps(out.add(c * m), hsum8(&col));
@@ -127,13 +128,29 @@ unsafe fn tile<const R: usize, const C: usize>(
     }
     for (r, row) in acc.iter().enumerate() {
         for (c, a) in row.iter().enumerate() {
-            let mut s = _mm512_reduce_add_ps(*a);
+            let mut s = hsum(*a);
             for t in k16..k {
                 s += *xp.add(r * k + t) * *wp.add(c * k + t);
             }
             *out.add(c * m + r) = s;
         }
     }
+}
+
+/// The sum of a vector's 16 lanes, added in the order [`hsum8`] adds each of its vectors (so
+/// a row's result does not depend on whether its tile was full): `h = lo + hi` over the 8-lane
+/// halves, then `((h0 + h1) + (h2 + h3)) + ((h4 + h5) + (h6 + h7))`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn hsum(v: __m512) -> f32 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let h = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
+    let s = _mm256_hadd_ps(h, h);
+    let t = _mm256_hadd_ps(s, s);
+    _mm_cvtss_f32(_mm_add_ss(
+        _mm256_castps256_ps128(t),
+        _mm256_extractf128_ps::<1>(t),
+    ))
 }
 
 /// The lane sums of 8 vectors as one 8-lane vector (element `i` = sum of `v[i]`'s 16 lanes):
@@ -317,7 +334,7 @@ impl Group {
             return;
         }
         for (r, s) in sums.iter().enumerate() {
-            let v = _mm512_reduce_add_ps(*s);
+            let v = hsum(*s);
             let o = self.out.add(r);
             *o = if self.accumulate { *o + v } else { v };
         }
