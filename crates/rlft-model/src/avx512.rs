@@ -10,8 +10,9 @@
 use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use crate::kernels::{for_tiles, TILE_COLS};
 use crate::quant::BLOCK;
-use crate::quant_dot::Layout;
+use crate::quant_dot::{for_groups, Group, Layout};
 
 /// 0 = not decided yet, 1 = off, 2 = on.
 static STATE: AtomicU8 = AtomicU8::new(0);
@@ -33,54 +34,33 @@ pub(crate) fn enabled() -> bool {
     }
 }
 
-/// Weight rows (output columns) and rows of `x` per register tile of [`dot_block`]: 24 of the
-/// 32 zmm registers accumulate, so a decode step's 8 rows share each weight load.
-const TILE_COLS: usize = 3;
+/// Rows of `x` per register tile of [`dot_block`] (by `kernels::TILE_COLS` weight rows): 24
+/// of the 32 zmm registers accumulate, so a decode step's 8 rows share each weight load.
 const TILE_ROWS: usize = 8;
-/// How many tiles ahead the weight rows are prefetched (as the AVX2 kernel).
-const PREFETCH_TILES: usize = 2;
 
 /// For each weight row `j` in `w [cols, k]`: `out[j * m + i] = dot(x_i, w_j)`; the AVX-512
-/// twin of `kernels::avx2::dot_block` (tiles of up to 8 rows of `x` by 3 weight rows, 24 zmm
-/// accumulators).
+/// twin of `kernels::avx2::dot_block`, on the same tile loop (`kernels::for_tiles`) with tiles
+/// of up to 8 rows of `x` by 3 weight rows, 24 zmm accumulators.
 ///
 /// # Safety
-/// The CPU must have AVX-512F, AVX2 and FMA ([`enabled`]); `x` holds `m * k` values and `out`
-/// `cols * m`.
+/// The CPU must have AVX-512F, AVX2 and FMA ([`enabled`]).
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
-    let cols = w.len() / k;
-    assert!(x.len() >= m * k && out.len() >= cols * m);
-    let mut j = 0;
-    while j < cols {
-        let nc = (cols - j).min(TILE_COLS);
-        let mut i = 0;
-        while i < m {
-            let nr = (m - i).min(TILE_ROWS);
-            let (xp, wp) = (x.as_ptr().add(i * k), w.as_ptr().add(j * k));
-            let op = out.as_mut_ptr().add(j * m + i);
-            let pf = if i == 0 {
-                wp.wrapping_add(PREFETCH_TILES * TILE_COLS * k)
-            } else {
-                std::ptr::null()
+    for_tiles(x, m, k, w, out, TILE_ROWS, |nr, nc, xp, wp, op, pf| {
+        macro_rules! dispatch {
+            ($($r:literal),*) => {
+                match (nr, nc) {
+                    $(
+                        ($r, 3) => tile::<$r, 3>(xp, wp, k, op, m, pf),
+                        ($r, 2) => tile::<$r, 2>(xp, wp, k, op, m, pf),
+                        ($r, _) => tile::<$r, 1>(xp, wp, k, op, m, pf),
+                    )*
+                    _ => unreachable!("row groups hold 1-{TILE_ROWS} rows"),
+                }
             };
-            macro_rules! dispatch {
-                ($($r:literal),*) => {
-                    match (nr, nc) {
-                        $(
-                            ($r, 3) => tile::<$r, 3>(xp, wp, k, op, m, pf),
-                            ($r, 2) => tile::<$r, 2>(xp, wp, k, op, m, pf),
-                            ($r, _) => tile::<$r, 1>(xp, wp, k, op, m, pf),
-                        )*
-                        _ => unreachable!("row groups hold 1-{TILE_ROWS} rows"),
-                    }
-                };
-            }
-            dispatch!(1, 2, 3, 4, 5, 6, 7, 8);
-            i += nr;
         }
-        j += nc;
-    }
+        dispatch!(1, 2, 3, 4, 5, 6, 7, 8)
+    })
 }
 
 /// `out[c * m + r] = dot(x_r, w_c)` for `R` rows of `x` (row stride `k`) and `C` weight rows:
@@ -174,49 +154,19 @@ unsafe fn hsum8(v: &[__m512; 8]) -> __m256 {
     _mm256_add_ps(lo, hi)
 }
 
-/// Most blocks of 32 columns per chunk of `k` (as `quant_dot`: 8 rows of `x` stay in L1).
-const KC_BLOCKS: usize = 20;
-/// Rows of `x` per register group.
-const ROWS: usize = 8;
-
-/// The AVX-512 twin of `quant_dot::matmul_blocks`: `out[c * m + r] = dot(x_r, w_c)` for the
-/// weight rows in `w`, each block unpacked into two 16-lane registers (same formulas, so the
-/// weights are bit-identical to the f32 tensor) used against up to 8 rows of `x`.
+/// The AVX-512 twin of `quant_dot::matmul_blocks`, on the same loop (`quant_dot::for_groups`):
+/// `out[c * m + r] = dot(x_r, w_c)` for the weight rows in `w`, each block unpacked into two
+/// 16-lane registers (same formulas, so the weights are bit-identical to the f32 tensor) used
+/// against up to 8 rows of `x`.
 ///
 /// # Safety
 /// As `quant_dot::matmul_blocks`, and the CPU must have AVX-512F ([`enabled`]).
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn matmul_blocks(x: &[f32], m: usize, k: usize, w: Layout, out: &mut [f32]) {
-    let nb = k / BLOCK;
-    let cols = match w {
-        Layout::Q4_1 { d, .. } | Layout::Q8_0 { d, .. } => d.len() / nb,
-    };
-    assert!(x.len() >= m * k && out.len() >= cols * m && k.is_multiple_of(BLOCK));
-    let per_chunk = nb.div_ceil(nb.div_ceil(KC_BLOCKS).max(1));
-    let mut b0 = 0;
-    while b0 < nb {
-        let b1 = (b0 + per_chunk).min(nb);
-        for c in 0..cols {
-            let mut i = 0;
-            while i < m {
-                let r = (m - i).min(ROWS);
-                let g = Group {
-                    x: x.as_ptr().add(i * k + b0 * BLOCK),
-                    k,
-                    first: c * nb + b0,
-                    blocks: b1 - b0,
-                    out: out.as_mut_ptr().add(c * m + i),
-                    accumulate: b0 > 0,
-                };
-                match w {
-                    Layout::Q4_1 { d, m: mins, qs } => g.run_rows(r, Q4_1 { d, m: mins, qs }),
-                    Layout::Q8_0 { d, qs } => g.run_rows(r, Q8_0 { d, qs }),
-                }
-                i += r;
-            }
-        }
-        b0 = b1;
-    }
+    for_groups(x, m, k, w, out, |g, r| match w {
+        Layout::Q4_1 { d, m: mins, qs } => run_rows(g, r, Q4_1 { d, m: mins, qs }),
+        Layout::Q8_0 { d, qs } => run_rows(g, r, Q8_0 { d, qs }),
+    });
 }
 
 /// Unpacks a block's 32 weights into two 16-lane vectors (elements 0-15, 16-31).
@@ -269,75 +219,59 @@ impl Dequant for Q8_0<'_> {
     }
 }
 
-/// One weight row's chunk of blocks against up to 8 rows of `x`.
-struct Group {
-    /// Row 0 of the group at the chunk's first column (row stride `k`).
-    x: *const f32,
-    k: usize,
-    /// Index of the chunk's first block in the weight's block arrays.
-    first: usize,
-    blocks: usize,
-    /// `out[r]` receives row `r`'s dot product.
-    out: *mut f32,
-    /// Add to `out` (a later chunk) instead of storing.
-    accumulate: bool,
+/// [`run`] for `rows` (1-8) rows of a group, with enough accumulators to hide FMA latency.
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn run_rows(g: &Group, rows: usize, w: impl Dequant) {
+    match rows {
+        8 => run::<8, 1>(g, w),
+        7 => run::<7, 1>(g, w),
+        6 => run::<6, 1>(g, w),
+        5 => run::<5, 1>(g, w),
+        4 => run::<4, 2>(g, w),
+        3 => run::<3, 2>(g, w),
+        2 => run::<2, 2>(g, w),
+        _ => run::<1, 2>(g, w),
+    }
 }
 
-impl Group {
-    /// [`Self::run`] for `rows` (1-8) rows, with enough accumulators to hide FMA latency.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    #[inline]
-    unsafe fn run_rows(&self, rows: usize, w: impl Dequant) {
-        match rows {
-            8 => self.run::<8, 1>(w),
-            7 => self.run::<7, 1>(w),
-            6 => self.run::<6, 1>(w),
-            5 => self.run::<5, 1>(w),
-            4 => self.run::<4, 2>(w),
-            3 => self.run::<3, 2>(w),
-            2 => self.run::<2, 2>(w),
-            _ => self.run::<1, 2>(w),
+/// `R` rows of `x`, `S` accumulators per row (vector `v` of a block goes to `v % S`).
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+unsafe fn run<const R: usize, const S: usize>(g: &Group, w: impl Dequant) {
+    let mut acc = [[_mm512_setzero_ps(); S]; R];
+    let mut wv = [_mm512_setzero_ps(); 2];
+    for blk in 0..g.blocks {
+        w.block(g.first + blk, &mut wv);
+        let xb = g.x.add(blk * BLOCK);
+        for (v, wvec) in wv.iter().enumerate() {
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xv = _mm512_loadu_ps(xb.add(r * g.k + v * 16));
+                a[v % S] = _mm512_fmadd_ps(xv, *wvec, a[v % S]);
+            }
         }
     }
-
-    /// `R` rows of `x`, `S` accumulators per row (vector `v` of a block goes to `v % S`).
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    #[inline]
-    unsafe fn run<const R: usize, const S: usize>(&self, w: impl Dequant) {
-        let mut acc = [[_mm512_setzero_ps(); S]; R];
-        let mut wv = [_mm512_setzero_ps(); 2];
-        for blk in 0..self.blocks {
-            w.block(self.first + blk, &mut wv);
-            let xb = self.x.add(blk * BLOCK);
-            for (v, wvec) in wv.iter().enumerate() {
-                for (r, a) in acc.iter_mut().enumerate() {
-                    let xv = _mm512_loadu_ps(xb.add(r * self.k + v * 16));
-                    a[v % S] = _mm512_fmadd_ps(xv, *wvec, a[v % S]);
-                }
-            }
+    let mut sums = [_mm512_setzero_ps(); R];
+    for (s, a) in sums.iter_mut().zip(&acc) {
+        *s = a[0];
+        for part in &a[1..] {
+            *s = _mm512_add_ps(*s, *part);
         }
-        let mut sums = [_mm512_setzero_ps(); R];
-        for (s, a) in sums.iter_mut().zip(&acc) {
-            *s = a[0];
-            for part in &a[1..] {
-                *s = _mm512_add_ps(*s, *part);
-            }
-        }
-        if R == 8 {
-            let v = hsum8(&std::array::from_fn(|r| sums[r]));
-            let v = if self.accumulate {
-                _mm256_add_ps(v, _mm256_loadu_ps(self.out))
-            } else {
-                v
-            };
-            _mm256_storeu_ps(self.out, v);
-            return;
-        }
-        for (r, s) in sums.iter().enumerate() {
-            let v = hsum(*s);
-            let o = self.out.add(r);
-            *o = if self.accumulate { *o + v } else { v };
-        }
+    }
+    if R == 8 {
+        let v = hsum8(&std::array::from_fn(|r| sums[r]));
+        let v = if g.accumulate {
+            _mm256_add_ps(v, _mm256_loadu_ps(g.out))
+        } else {
+            v
+        };
+        _mm256_storeu_ps(g.out, v);
+        return;
+    }
+    for (r, s) in sums.iter().enumerate() {
+        let v = hsum(*s);
+        let o = g.out.add(r);
+        *o = if g.accumulate { *o + v } else { v };
     }
 }
 

@@ -28,6 +28,59 @@ pub(crate) const TILE_COLS: usize = 3;
 /// Rows of `x` per register tile of the AVX2 kernel.
 const TILE_ROWS: usize = 4;
 
+/// How many tiles ahead the weight rows are prefetched: memory works on the next tiles while
+/// the FMAs run on this one (without it, a decode step costs the time to read the weights plus
+/// the time to compute on them).
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_TILES: usize = 2;
+
+/// The tile loop of the x86 streaming kernels (AVX2 here, AVX-512 in `crate::avx512`): the
+/// weight rows of `w [cols, k]` in tiles of [`TILE_COLS`], the rows of `x [m, k]` in groups of
+/// `tile_rows`, each tile of weight rows used against every row group while it is in L1, so
+/// weights are read from memory once. Calls `tile(nr, nc, xp, wp, op, pf)` for `nr` rows of
+/// `x` at `xp` and `nc` weight rows at `wp` (both of row stride `k`), output at `op` =
+/// `out[j * m + i]` (column stride `m`); the first row group of a tile gets `pf`, the weight
+/// rows [`PREFETCH_TILES`] tiles ahead (an address to prefetch, maybe past the end), the
+/// others null.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn for_tiles(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    out: &mut [f32],
+    tile_rows: usize,
+    mut tile: impl FnMut(usize, usize, *const f32, *const f32, *mut f32, *const f32),
+) {
+    let cols = w.len() / k;
+    assert!(x.len() >= m * k && out.len() >= cols * m);
+    let mut j = 0;
+    while j < cols {
+        let nc = (cols - j).min(TILE_COLS);
+        let mut i = 0;
+        while i < m {
+            let nr = (m - i).min(tile_rows);
+            // SAFETY: i < m and j < cols, so the offsets are inside x, w and out (asserted).
+            let (xp, wp, op) = unsafe {
+                (
+                    x.as_ptr().add(i * k),
+                    w.as_ptr().add(j * k),
+                    out.as_mut_ptr().add(j * m + i),
+                )
+            };
+            let pf = if i == 0 {
+                wp.wrapping_add(PREFETCH_TILES * TILE_COLS * k)
+            } else {
+                std::ptr::null()
+            };
+            tile(nr, nc, xp, wp, op, pf);
+            i += nr;
+        }
+        j += nc;
+    }
+}
+
 /// `x [m, k] @ w[n, k]^T (+ bias[n]) -> [m, n]` for small `m`, f32 on CPU.
 /// Returns `None` when the inputs are not CPU f32 contiguous (callers fall back to gemm).
 pub fn matmul_wt_small(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Option<Tensor>> {
@@ -187,53 +240,35 @@ mod avx2 {
         _mm_cvtss_f32(s)
     }
 
-    use super::{TILE_COLS, TILE_ROWS};
+    use super::{for_tiles, TILE_COLS, TILE_ROWS};
 
-    /// How many tiles ahead the weight rows are prefetched: memory works on the next tiles
-    /// while the FMAs run on this one (without it, a decode step costs the time to read the
-    /// weights plus the time to compute on them).
-    const PREFETCH_TILES: usize = 2;
-
-    /// Register tiles of `TILE_ROWS` rows of `x` by `TILE_COLS` weight rows: each step loads
-    /// `TILE_COLS` weight vectors and `TILE_ROWS` x vectors for `TILE_ROWS * TILE_COLS` FMAs
-    /// (12 accumulators, 16 registers in all). A tile of weight rows is used against every
-    /// row group of `x` while it is in L1, so weights are read from memory once.
+    /// Register tiles of `TILE_ROWS` rows of `x` by `TILE_COLS` weight rows ([`for_tiles`]):
+    /// each step loads `TILE_COLS` weight vectors and `TILE_ROWS` x vectors for
+    /// `TILE_ROWS * TILE_COLS` FMAs (12 accumulators, 16 registers in all).
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
-        let cols = w.len() / k;
-        debug_assert!(x.len() >= m * k && out.len() >= cols * m);
-        let mut j = 0;
-        while j < cols {
-            let nc = (cols - j).min(TILE_COLS);
-            let mut i = 0;
-            while i < m {
-                let nr = (m - i).min(TILE_ROWS);
-                let (xp, wp) = (x.as_ptr().add(i * k), w.as_ptr().add(j * k));
-                let op = out.as_mut_ptr().add(j * m + i);
-                // The first row group prefetches the weight rows of a later tile.
-                let pf = if i == 0 {
-                    wp.wrapping_add(PREFETCH_TILES * TILE_COLS * k)
-                } else {
-                    std::ptr::null()
-                };
-                match (nr, nc) {
-                    (4, 3) => tile::<4, 3>(xp, wp, k, op, m, pf),
-                    (4, 2) => tile::<4, 2>(xp, wp, k, op, m, pf),
-                    (4, 1) => tile::<4, 1>(xp, wp, k, op, m, pf),
-                    (3, 3) => tile::<3, 3>(xp, wp, k, op, m, pf),
-                    (3, 2) => tile::<3, 2>(xp, wp, k, op, m, pf),
-                    (3, 1) => tile::<3, 1>(xp, wp, k, op, m, pf),
-                    (2, 3) => tile::<2, 3>(xp, wp, k, op, m, pf),
-                    (2, 2) => tile::<2, 2>(xp, wp, k, op, m, pf),
-                    (2, 1) => tile::<2, 1>(xp, wp, k, op, m, pf),
-                    (1, 3) => tile::<1, 3>(xp, wp, k, op, m, pf),
-                    (1, 2) => tile::<1, 2>(xp, wp, k, op, m, pf),
-                    _ => tile::<1, 1>(xp, wp, k, op, m, pf),
-                }
-                i += nr;
-            }
-            j += nc;
-        }
+        for_tiles(
+            x,
+            m,
+            k,
+            w,
+            out,
+            TILE_ROWS,
+            |nr, nc, xp, wp, op, pf| match (nr, nc) {
+                (4, 3) => tile::<4, 3>(xp, wp, k, op, m, pf),
+                (4, 2) => tile::<4, 2>(xp, wp, k, op, m, pf),
+                (4, 1) => tile::<4, 1>(xp, wp, k, op, m, pf),
+                (3, 3) => tile::<3, 3>(xp, wp, k, op, m, pf),
+                (3, 2) => tile::<3, 2>(xp, wp, k, op, m, pf),
+                (3, 1) => tile::<3, 1>(xp, wp, k, op, m, pf),
+                (2, 3) => tile::<2, 3>(xp, wp, k, op, m, pf),
+                (2, 2) => tile::<2, 2>(xp, wp, k, op, m, pf),
+                (2, 1) => tile::<2, 1>(xp, wp, k, op, m, pf),
+                (1, 3) => tile::<1, 3>(xp, wp, k, op, m, pf),
+                (1, 2) => tile::<1, 2>(xp, wp, k, op, m, pf),
+                _ => tile::<1, 1>(xp, wp, k, op, m, pf),
+            },
+        )
     }
 
     /// `out[c * m + r] = dot(x_r, w_c)` for `R` rows of `x` (row stride `k`) and `C` weight

@@ -57,6 +57,24 @@ pub(crate) unsafe fn matmul_blocks(x: &[f32], m: usize, k: usize, w: Layout, out
         // own contract.
         return crate::avx512::matmul_blocks(x, m, k, w, out);
     }
+    for_groups(x, m, k, w, out, |g, r| match w {
+        Layout::Q4_1 { d, m: mins, qs } => g.run_rows(r, Q4_1 { d, m: mins, qs }),
+        Layout::Q8_0 { d, qs } => g.run_rows(r, Q8_0 { d, qs }),
+    });
+}
+
+/// The loop of the block kernels (AVX2 here, AVX-512 in `crate::avx512`): `k` cut into
+/// chunks of at most [`KC_BLOCKS`] blocks, then per weight row the rows of `x` in groups of
+/// at most [`ROWS`]: `run(group, rows in the group)`.
+#[inline(always)]
+pub(crate) fn for_groups(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: Layout,
+    out: &mut [f32],
+    mut run: impl FnMut(&Group, usize),
+) {
     let nb = k / BLOCK;
     let cols = match w {
         Layout::Q4_1 { d, .. } | Layout::Q8_0 { d, .. } => d.len() / nb,
@@ -71,17 +89,14 @@ pub(crate) unsafe fn matmul_blocks(x: &[f32], m: usize, k: usize, w: Layout, out
             while i < m {
                 let r = (m - i).min(ROWS);
                 let g = Group {
-                    x: x.as_ptr().add(i * k + b0 * BLOCK),
+                    x: x[i * k + b0 * BLOCK..].as_ptr(),
                     k,
                     first: c * nb + b0,
                     blocks: b1 - b0,
-                    out: out.as_mut_ptr().add(c * m + i),
+                    out: out[c * m + i..].as_mut_ptr(),
                     accumulate: b0 > 0,
                 };
-                match w {
-                    Layout::Q4_1 { d, m: mins, qs } => g.run_rows(r, Q4_1 { d, m: mins, qs }),
-                    Layout::Q8_0 { d, qs } => g.run_rows(r, Q8_0 { d, qs }),
-                }
+                run(&g, r);
                 i += r;
             }
         }
@@ -147,17 +162,17 @@ impl Dequant for Q8_0<'_> {
 }
 
 /// One weight row's chunk of blocks against up to 8 rows of `x`.
-struct Group {
+pub(crate) struct Group {
     /// Row 0 of the group at the chunk's first column (row stride `k`).
-    x: *const f32,
-    k: usize,
+    pub(crate) x: *const f32,
+    pub(crate) k: usize,
     /// Index of the chunk's first block in the weight's block arrays.
-    first: usize,
-    blocks: usize,
+    pub(crate) first: usize,
+    pub(crate) blocks: usize,
     /// `out[r]` receives row `r`'s dot product.
-    out: *mut f32,
+    pub(crate) out: *mut f32,
     /// Add to `out` (a later chunk) instead of storing.
-    accumulate: bool,
+    pub(crate) accumulate: bool,
 }
 
 impl Group {
