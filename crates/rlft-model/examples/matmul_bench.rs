@@ -29,6 +29,14 @@ fn main() -> candle_core::Result<()> {
         decode_step();
         return Ok(());
     }
+    if std::env::args().any(|a| a == "kernel") {
+        block_kernel();
+        return Ok(());
+    }
+    if std::env::args().any(|a| a == "prefill") {
+        prefill_products();
+        return Ok(());
+    }
     let dev = Device::Cpu;
     for (m, k, n) in [
         (1016, 576, 1536),
@@ -141,6 +149,109 @@ fn main() -> candle_core::Result<()> {
 /// This CPU's f32 FMA peak, the ceiling for every product above: 12 independent chains of
 /// 8-lane FMAs per thread (enough to fill both FMA pipes of a core), on every rayon thread at
 /// once.
+/// The block kernel alone on one thread, weights in cache: 8 rows of `x` against a Q4_1
+/// gate/up-sized and a Q8_0 head-slice-sized matrix, the fastest of many short trials (a
+/// shared host's stolen time only ever adds).
+fn block_kernel() {
+    let mut byte = 7u32;
+    for (ty, size, n, k) in [
+        (GgmlType::Q4_1, 20, 1536usize, 576usize),
+        (GgmlType::Q4_1, 20, 576, 1536),
+        (GgmlType::Q8_0, 34, 1536, 576),
+    ] {
+        let data: Vec<u8> = (0..n * k / 32 * size)
+            .map(|j| {
+                byte = byte.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                if j % size < 4 && j % 2 == 1 {
+                    0x20
+                } else {
+                    (byte >> 24) as u8
+                }
+            })
+            .collect();
+        let q = QuantWeight::from_gguf(ty, n, k, &data).expect("block sizes");
+        let m = 8;
+        let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 / 13.0 - 0.5).collect();
+        let mut out = vec![0f32; m * n];
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let best = pool.install(|| {
+            (0..300)
+                .map(|_| {
+                    let t = Instant::now();
+                    for _ in 0..10 {
+                        q.matmul_wt(&x, m, &mut out);
+                    }
+                    t.elapsed().as_secs_f64() / 10.0
+                })
+                .fold(f64::INFINITY, f64::min)
+        });
+        println!(
+            "{ty:?} {n}x{k} m=8, 1 thread: {:>6.1} us {:>6.1} GFLOP/s",
+            best * 1e6,
+            2.0 * (m * n * k) as f64 / best / 1e9
+        );
+        // The same product over 64 copies of the weight in turn (64 x 0.5 MB: read from memory
+        // or L3, as a decode step reads its layers).
+        let copies: Vec<QuantWeight> = (0..64)
+            .map(|_| QuantWeight::from_gguf(ty, n, k, &data).expect("block sizes"))
+            .collect();
+        let best = pool.install(|| {
+            (0..30)
+                .map(|_| {
+                    let t = Instant::now();
+                    for q in &copies {
+                        q.matmul_wt(&x, m, &mut out);
+                    }
+                    t.elapsed().as_secs_f64() / copies.len() as f64
+                })
+                .fold(f64::INFINITY, f64::min)
+        });
+        println!(
+            "{ty:?} {n}x{k} m=8, 1 thread, 64 copies: {:>6.1} us {:>6.1} GFLOP/s",
+            best * 1e6,
+            2.0 * (m * n * k) as f64 / best / 1e9
+        );
+    }
+}
+
+/// A generation prefill's products (tens to hundreds of rows): gemm (packs both operands on
+/// every call) against the streaming kernel (`kernels::matmul_wt`, weights read in place).
+fn prefill_products() {
+    for (m, k, n) in [
+        (35, 576, 576),
+        (176, 576, 576),
+        (176, 576, 192),
+        (176, 576, 1536),
+        (176, 1536, 576),
+        (480, 576, 1536),
+        (480, 1536, 576),
+    ] {
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7919) % 1000) as f32 / 1e3 - 0.5)
+            .collect();
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 104729) % 997) as f32 / 997.0 - 0.5)
+            .collect();
+        let mut o = vec![0f32; m * n];
+        let flops = 2.0 * (m * k * n) as f64;
+        let g = time(|| gemm_rayon(m, n, k, &mut o, &x, &w), 15);
+        let s = time(
+            || rlft_model::kernels::matmul_wt(&x, m, k, &w, n, None, &mut o),
+            15,
+        );
+        println!(
+            "{m:>4}x{k:>4}x{n:>5}  gemm {:>6.3} ms {:>6.1} GFLOP/s | streaming {:>6.3} ms {:>6.1} GFLOP/s",
+            g * 1e3,
+            flops / g / 1e9,
+            s * 1e3,
+            flops / s / 1e9
+        );
+    }
+}
+
 fn fma_peak() {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
@@ -382,7 +493,7 @@ fn decode_step() {
         let mut out = vec![0f32; m * vocab];
         let nl = quant.len() - 1;
         let (mut tl, mut th) = (Vec::new(), Vec::new());
-        for _ in 0..7 {
+        for _ in 0..25 {
             tl.push(rlft_model::runtime::on_pool(|| {
                 time(
                     || {
@@ -402,12 +513,16 @@ fn decode_step() {
         let fl = |n: usize, k: usize| 2.0 * (m * n * k) as f64;
         let layers: f64 = shapes[..nl].iter().map(|&(n, k)| fl(n, k)).sum();
         let head = fl(shapes[nl].0, shapes[nl].1);
+        // Median, and the fastest trial (a shared host's stolen time only ever adds).
         println!(
-            "blocks m=8: layers {:.2} ms ({:.1} GFLOP/s), head {:.2} ms ({:.1} GFLOP/s)",
-            tl[3] * 1e3,
-            layers / tl[3] / 1e9,
-            th[3] * 1e3,
-            head / th[3] / 1e9
+            "blocks m=8: layers {:.2} ms ({:.1} GFLOP/s; best {:.2} ms), head {:.2} ms ({:.1} \
+             GFLOP/s; best {:.2} ms)",
+            tl[12] * 1e3,
+            layers / tl[12] / 1e9,
+            tl[0] * 1e3,
+            th[12] * 1e3,
+            head / th[12] / 1e9,
+            th[0] * 1e3
         );
     }
     for m in [1usize, 8] {

@@ -78,9 +78,14 @@ fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     ))
 }
 
-/// `out [m, n] = x [m, k] @ w [n, k]^T`: streaming kernel for few rows, gemm otherwise.
+/// `out [m, n] = x [m, k] @ w [n, k]^T`: the streaming kernel where it beats gemm, gemm
+/// otherwise. gemm packs both operands on every call, which a prefill's few dozen rows do not
+/// amortise: on the AVX-512 host (`matmul_bench prefill`) a 35-row shared prefix ran at
+/// 23-33 GFLOP/s in gemm against 104-144 streamed, and at 176 rows the products whose output
+/// is no wider than their input (q/k/v/o, down) streamed at 124-153 against gemm's 105-141;
+/// only gate/up (576 -> 1536) stay ahead in gemm there (165-176 against 120-134).
 fn matmul(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
-    if m <= SMALL_M {
+    if m <= STREAM_ROWS || (m <= STREAM_NARROW_ROWS && n <= k) {
         matmul_wt(x, m, k, w, n, None, out);
         return;
     }
@@ -117,10 +122,22 @@ fn matmul(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
     }
 }
 
+/// Rows up to which every product of the fused forward streams its weights ([`matmul`]).
+const STREAM_ROWS: usize = 64;
+/// Rows up to which products whose output is no wider than their input stream.
+const STREAM_NARROW_ROWS: usize = 256;
+
 /// `out = x @ W^T (+ b) (+ s * x @ A^T @ B^T)` for a [`crate::ops::Linear`] over `m` packed
 /// rows: the base product from the GGUF blocks while they mirror the weight and `m` is small,
 /// from the f32 weight otherwise; the enabled LoRA adapter's update without dropout.
 fn linear(l: &crate::ops::Linear, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
+    let _t = crate::op_time::span(if m <= SMALL_M {
+        "decode linear"
+    } else if m <= STREAM_ROWS {
+        "prefill linear (few rows)"
+    } else {
+        "prefill linear"
+    });
     let (n, k) = l.weight.dims2()?;
     let out = &mut out[..m * n];
     match block_weight(l, m) {
@@ -142,11 +159,13 @@ fn block_weight(l: &crate::ops::Linear, m: usize) -> Option<&QuantWeight> {
 fn linears(ls: &[&crate::ops::Linear], x: &[f32], m: usize, outs: &mut [&mut [f32]]) -> Result<()> {
     let blocks: Option<Vec<&QuantWeight>> = ls.iter().map(|l| block_weight(l, m)).collect();
     let Some(blocks) = blocks else {
+        // `linear` times each product.
         for (l, o) in ls.iter().zip(outs.iter_mut()) {
             linear(l, x, m, o)?;
         }
         return Ok(());
     };
+    let _t = crate::op_time::span("decode linear");
     let mut sized: Vec<&mut [f32]> = Vec::with_capacity(ls.len());
     // `block_weight` only returns blocks that mirror their layer's weight (same shape).
     for (o, q) in outs.iter_mut().zip(&blocks) {
@@ -420,31 +439,47 @@ fn run(
                 let row = &rows_ref[r];
                 let (cap, last) = (row.capacity, row.len + i);
                 let (kc, vc) = (&row.k[li], &row.v[li]);
-                let mut scores = vec![0f32; last + 1];
-                for head in 0..nh {
-                    let g = head / groups;
-                    let qv = &q[(p * nh + head) * hd..(p * nh + head + 1) * hd];
+                let len = last + 1;
+                // Per key group: the scores of its `groups` query heads against every key in
+                // one register-tiled product (keys are the "weight rows": `t[j * groups + h]`),
+                // then each head's softmax, then the values, each read once for the group.
+                let mut t = vec![0f32; len * groups];
+                let mut w = vec![0f32; groups * len];
+                for g in 0..nkv {
                     let base = g * cap * hd;
-                    let mut max = f32::NEG_INFINITY;
-                    for (j, s) in scores.iter_mut().enumerate() {
-                        *s = dot(qv, &kc[base + j * hd..base + (j + 1) * hd]) * scale;
-                        max = max.max(*s);
+                    let heads = p * nh + g * groups;
+                    let qg = &q[heads * hd..(heads + groups) * hd];
+                    crate::kernels::dot_block(qg, groups, hd, &kc[base..base + len * hd], &mut t);
+                    for (hh, wh) in w.chunks_exact_mut(len).enumerate() {
+                        let mut max = f32::NEG_INFINITY;
+                        for (j, s) in wh.iter_mut().enumerate() {
+                            *s = t[j * groups + hh] * scale;
+                            max = max.max(*s);
+                        }
+                        // Separate loops: the exponentials vectorise, the sum has 8 lanes.
+                        for s in wh.iter_mut() {
+                            *s = crate::fused::exp_f32(*s - max);
+                        }
+                        let inv = crate::fused::sum(wh);
+                        wh.iter_mut().for_each(|s| *s /= inv);
                     }
-                    let mut sum = 0f32;
-                    for s in scores.iter_mut() {
-                        *s = crate::fused::exp_f32(*s - max);
-                        sum += *s;
-                    }
-                    let o = &mut out[head * hd..(head + 1) * hd];
+                    let o = &mut out[g * groups * hd..(g + 1) * groups * hd];
                     o.fill(0.0);
-                    for (j, s) in scores.iter().enumerate() {
-                        let w = s / sum;
+                    for j in 0..len {
                         let vv = &vc[base + j * hd..base + (j + 1) * hd];
-                        o.iter_mut().zip(vv).for_each(|(o, &x)| *o += w * x);
+                        for (hh, oh) in o.chunks_exact_mut(hd).enumerate() {
+                            let wj = w[hh * len + j];
+                            oh.iter_mut().zip(vv).for_each(|(o, &x)| *o += wj * x);
+                        }
                     }
                 }
             })
         };
+        let _t = crate::op_time::span(if n <= SMALL_M {
+            "decode attention"
+        } else {
+            "prefill attention"
+        });
         let scores: usize = owner.iter().map(|&(r, i)| rows_ref[r].len + i + 1).sum();
         // Multiply-adds: q.k and the weighted sum of values over every (token, head, key).
         if serial(scores * nh * hd * 2) {
@@ -452,6 +487,7 @@ fn run(
         } else {
             b.attn.par_chunks_mut(nh * hd).enumerate().for_each(attend);
         }
+        drop(_t);
         linear(&a.o_proj, &b.attn, n, &mut b.o)?;
         b.x.iter_mut().zip(&b.o).for_each(|(x, o)| *x += o);
         with_f32(&layer.post_attention_layernorm, |w| {
@@ -491,6 +527,7 @@ fn run(
         end += t.len();
         last.extend_from_slice(&b.x[(end - 1) * h..end * h]);
     }
+    let _t = crate::op_time::span("decode lm-head");
     let m = tokens.len();
     let mut normed = vec![0f32; m * h];
     with_f32(&model.norm, |w| {

@@ -149,6 +149,7 @@ fn generate_on_thread(
     let expand: Vec<u32> = (0..req.prompts.len())
         .flat_map(|p| std::iter::repeat_n(p as u32, req.n))
         .collect();
+    let prefill_span = crate::op_time::span("generate: prefill");
     let (mut decoder, first_logits) = if fused {
         let (caches, logits) = decode_fast::prefill(model, &req.prompts, req.max_new_tokens)?;
         let caches: Vec<RowCache> = expand.iter().map(|&p| caches[p as usize].clone()).collect();
@@ -161,6 +162,7 @@ fn generate_on_thread(
         cache.select_rows(&expand)?;
         (Decoder::Tensor(cache), logits.to_vec2()?)
     };
+    drop(prefill_span);
     let mut logits: Vec<Vec<f32>> = expand
         .iter()
         .map(|&p| first_logits[p as usize].clone())
@@ -199,11 +201,13 @@ fn generate_on_thread(
                 .map(|&i| v[i].take().expect("unique"))
                 .collect()
         };
+        let sample_span = crate::op_time::span("generate: sample");
         act_rows
             .par_iter_mut()
             .zip(logits.par_iter())
             .for_each(|(row, lg)| sample_step(row, lg, req, detok));
         drop(act_rows);
+        drop(sample_span);
         // Drop finished rows from the batch and the cache.
         let keep: Vec<usize> = (0..active.len())
             .filter(|&j| rows[active[j]].done.is_none())
@@ -219,6 +223,7 @@ fn generate_on_thread(
             .iter()
             .map(|&i| *rows[i].out.last().expect("sampled"))
             .collect();
+        let _step = crate::op_time::span("generate: decode step");
         logits = match &mut decoder {
             Decoder::Fast(caches) => {
                 let ids: Vec<Vec<u32>> = tokens.iter().map(|&t| vec![t]).collect();

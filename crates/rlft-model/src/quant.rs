@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use rlft_gguf::GgmlType;
 
 use crate::decoder::CausalLm;
-use crate::kernels::{by_column_blocks, dot_block, TILE_COLS};
+use crate::kernels::{by_column_blocks, dot_block, scatter_columns, SendPtr, TILE_COLS};
 
 fn blocks_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -326,15 +326,9 @@ impl QuantWeight {
                     // SAFETY: the CPU has AVX2 and FMA (checked above); the slices hold the
                     // blocks of `cols` whole rows and `t` is `cols * m` long.
                     unsafe { crate::quant_dot::matmul_blocks(x, m, k, layout, &mut t) };
-                    let n = w.rows;
-                    let out = dst[wi];
-                    for (c, col) in t.chunks_exact(m).enumerate() {
-                        for (i, v) in col.iter().enumerate() {
-                            // SAFETY: `outs[wi]` holds at least `m * n` values (asserted
-                            // above) and tasks own disjoint columns `j0..j0 + cols`.
-                            unsafe { *out.0.add(i * n + j0 + c) = *v };
-                        }
-                    }
+                    // SAFETY: `outs[wi]` holds at least `m * rows` values (asserted above)
+                    // and tasks own disjoint columns `j0..j0 + cols`.
+                    unsafe { scatter_columns(&t, m, w.rows, j0, &dst[wi], None) };
                 });
                 return;
             }
@@ -361,13 +355,6 @@ impl QuantWeight {
 }
 
 /// An output pointer shared by tasks that write disjoint elements.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: only used for writes to disjoint elements from rayon tasks that end before the
-// buffer does.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
 /// `RLFT_FUSED_DEQUANT=0` sends the block matmul through the scratch-tile path (A/B checks).
 fn fused_dot_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

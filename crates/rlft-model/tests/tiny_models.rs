@@ -399,8 +399,15 @@ fn bad_inputs_give_clear_errors() {
 fn fused_decode_equals_tensor_decode() {
     let none = |_: &[u32]| String::new();
     // Unrelated prompts; prompts with a common prefix (prefilled once on the fused path), one
-    // of them a prefix of another; a single prompt.
+    // of them a prefix of another; a single prompt; long prompts whose tails make a prefill of
+    // more than 64 rows (the fused path's gemm and row-blocked streaming products).
+    let long = |seed: u32| -> Vec<u32> {
+        (3..13)
+            .chain((0..30).map(|i| 3 + (i * 7 + seed * 13) % 500))
+            .collect()
+    };
     let batches = [
+        vec![long(1), long(2), long(3)],
         vec![
             vec![5u32, 6, 7, 8, 9, 10, 11],
             vec![10u32, 11],

@@ -135,6 +135,9 @@ fn bench_generate(a: &BenchArgs) -> Result<Value> {
     let mut times = Vec::new();
     let mut sample = String::new();
     for rep in 0..a.warmup + a.reps {
+        if rep == a.warmup {
+            op_time::take(); // the timed reps only
+        }
         let t0 = Instant::now();
         let out = generate(&m.model, &req, &detok)?;
         let dt = t0.elapsed().as_secs_f64();
@@ -156,6 +159,10 @@ fn bench_generate(a: &BenchArgs) -> Result<Value> {
         "new_tokens_per_s_median": toks / median(&times), "new_tokens_per_s_best": toks / best,
         "sample_completion": sample,
     });
+    if op_time::enabled() {
+        let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
+        eprint!("{}", op_time::table(&op_time::take(), times.len(), mean));
+    }
     Ok(meter.finish(Case::Generate, &times, load_s, detail))
 }
 
