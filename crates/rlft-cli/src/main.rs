@@ -63,7 +63,8 @@ enum Command {
     /// peak RSS; --against-reference runs PyTorch/TRL beside each case and prints the ratio.
     #[command(
         after_help = "Environment: RLFT_OP_TIMES=1 prints seconds per step of each fused op's \
-forward and backward after fwd_bwd, lora and grpo (docs/kernels.md). Run with nothing else on \
+forward and backward after fwd_bwd, lora and grpo, and of the decoder's prefill, products, \
+attention, LM head and sampling after generate (docs/kernels.md). Run with nothing else on \
 the machine, e.g. under `flock /tmp/rlft-bench.lock` (scripts/bench-sitting.sh does)."
     )]
     Bench(bench::BenchArgs),

@@ -1,7 +1,10 @@
 //! Micro-benchmark of the matmul shapes of a SmolLM2-135M step: gemm (candle) for prefill-sized
 //! row counts and the streaming kernel for decode-sized ones.
 //!
-//! `cargo run --release -p rlft-model --example matmul_bench`
+//! `cargo run --release -p rlft-model --example matmul_bench [-- decode | prefill | kernel]`:
+//! everything, or only a decode step's products (`decode`), gemm against the streaming kernel
+//! at a generation prefill's sizes (`prefill`), or the block kernel alone on one thread with
+//! its weights in cache and streamed (`kernel`).
 
 use std::time::Instant;
 

@@ -10,9 +10,15 @@
 //! from all layers' internals to one layer's plus the inputs, for about one more forward pass
 //! of compute — what transformers' `gradient_checkpointing` trades.
 //!
-//! Usage: start a [`Checkpointing`] session before the training forward(s) of a micro-batch
-//! (differentiable forwards of [`CausalLm`](crate::decoder::CausalLm) on this thread record
-//! into it) and call [`Checkpointing::backward`] instead of [`crate::trainable::backward`].
+//! Usage: start a [`Checkpointing`] session for a model before the training forward(s) of a
+//! micro-batch (that model's differentiable forwards on this thread record into it) and call
+//! [`Checkpointing::backward`] instead of [`crate::trainable::backward`].
+//!
+//! A session belongs to one model on one thread. Two trainings in one process share rayon's
+//! workers, and a worker that waits inside one step's parallel loop may run a whole job of the
+//! other training meanwhile, on the same thread: that forward must not record into this
+//! session (it would lose its layers' gradients). So the thread's sessions are keyed by the
+//! model they were begun for, and a forward records only into its own model's session.
 //! LoRA dropout masks are replayed exactly: each adapter's draw counter is rewound before its
 //! layer is recomputed. Gradients equal those without checkpointing up to float rounding
 //! (tests).
@@ -25,6 +31,7 @@ use std::sync::Arc;
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
 
+use crate::decoder::CausalLm;
 use crate::error::{ModelError, Result};
 
 /// One layer's forward: `(layer index, input) -> output`, with a graph.
@@ -45,18 +52,27 @@ struct Segment {
 }
 
 thread_local! {
-    static TAPE: RefCell<Option<Vec<Segment>>> = const { RefCell::new(None) };
+    /// This thread's sessions: the model's key ([`key`]) and what its forwards recorded.
+    static TAPE: RefCell<Vec<(usize, Vec<Segment>)>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Whether a session is recording on this thread.
-pub(crate) fn active() -> bool {
-    TAPE.with(|t| t.borrow().is_some())
+/// A model's identity for the sessions: its address (a session borrows the model, so it does
+/// not move while the session lives).
+fn key(model: &CausalLm) -> usize {
+    model as *const CausalLm as usize
+}
+
+/// Whether a session for `model` is recording on this thread.
+pub(crate) fn active(model: &CausalLm) -> bool {
+    let k = key(model);
+    TAPE.with(|t| t.borrow().iter().any(|(m, _)| *m == k))
 }
 
 /// Runs `n` layers from `x0` without keeping their internals and records them in the session;
 /// returns the last output as a fresh leaf (the rest of the forward builds its graph on it).
 /// `counters[l]` are layer `l`'s LoRA dropout draw counters.
 pub(crate) fn run_layers(
+    model: &CausalLm,
     x0: Tensor,
     n: usize,
     counters: Vec<Vec<Arc<AtomicU64>>>,
@@ -82,10 +98,12 @@ pub(crate) fn run_layers(
     }
     let leaf = Var::from_tensor(&x)?;
     let out = leaf.as_tensor().clone();
+    let k = key(model);
     TAPE.with(|t| {
         t.borrow_mut()
-            .as_mut()
-            .map(|segs| {
+            .iter_mut()
+            .find(|(m, _)| *m == k)
+            .map(|(_, segs)| {
                 segs.push(Segment {
                     x0,
                     inputs,
@@ -94,40 +112,64 @@ pub(crate) fn run_layers(
                     leaf,
                 })
             })
-            .ok_or_else(|| ModelError::Invalid("no checkpointing session is active".into()))
+            .ok_or_else(|| {
+                ModelError::Invalid("no checkpointing session is active for this model".into())
+            })
     })?;
     Ok(out)
 }
 
-/// An activation-checkpointing session on this thread (see the module docs). Dropping it
-/// without [`Self::backward`] discards what was recorded.
+/// An activation-checkpointing session for one model on this thread (see the module docs).
+/// Dropping it without [`Self::backward`] discards what was recorded.
 #[must_use = "call backward() to get the gradients"]
-pub struct Checkpointing {
+pub struct Checkpointing<'m> {
+    key: usize,
+    _model: std::marker::PhantomData<&'m CausalLm>,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
-impl Checkpointing {
-    /// Starts recording differentiable forwards on this thread. Errors if a session is already
-    /// active here.
-    pub fn begin() -> Result<Checkpointing> {
+impl<'m> Checkpointing<'m> {
+    /// Starts recording `model`'s differentiable forwards on this thread. Errors if a session
+    /// for this model is already active here.
+    pub fn begin(model: &'m CausalLm) -> Result<Checkpointing<'m>> {
+        let k = key(model);
         TAPE.with(|t| {
             let mut t = t.borrow_mut();
-            if t.is_some() {
+            if t.iter().any(|(m, _)| *m == k) {
                 return Err(ModelError::Invalid(
-                    "a checkpointing session is already active on this thread".into(),
+                    "a checkpointing session is already active for this model on this thread"
+                        .into(),
                 ));
             }
-            *t = Some(Vec::new());
+            t.push((k, Vec::new()));
             Ok(Checkpointing {
+                key: k,
+                _model: std::marker::PhantomData,
                 _not_send: std::marker::PhantomData,
             })
+        })
+    }
+
+    /// This session's recorded forwards, taken out of the thread's list.
+    fn take(&self) -> Option<Vec<Segment>> {
+        TAPE.with(|t| {
+            let mut t = t.borrow_mut();
+            let i = t.iter().position(|(m, _)| *m == self.key)?;
+            Some(t.remove(i).1)
         })
     }
 
     /// Gradients of `loss` for `vars` (as [`crate::trainable::backward`]), recomputing the
     /// recorded layers last to first.
     pub fn backward(self, loss: &Tensor, vars: &[(String, Var)]) -> Result<GradStore> {
-        let segments = TAPE.with(|t| t.borrow_mut().take()).unwrap_or_default();
+        let segments = self.take().unwrap_or_default();
+        if segments.is_empty() {
+            return Err(ModelError::Invalid(
+                "no forward of this checkpointing session's model was recorded: run the \
+                 training forward on the model passed to Checkpointing::begin, on this thread"
+                    .into(),
+            ));
+        }
         let mut out = GradStore::default();
         let mut all = loss.backward()?;
         take_vars(&mut all, vars, &mut out)?;
@@ -157,9 +199,9 @@ impl Checkpointing {
     }
 }
 
-impl Drop for Checkpointing {
+impl Drop for Checkpointing<'_> {
     fn drop(&mut self) {
-        TAPE.with(|t| t.borrow_mut().take());
+        self.take();
     }
 }
 
@@ -240,8 +282,9 @@ mod tests {
         worst
     }
 
-    /// Gradients of the same loss with and without checkpointing.
+    /// Gradients of the same loss with and without checkpointing (a session for `model`).
     fn both(
+        model: &std::cell::RefCell<CausalLm>,
         vars: &[(String, Var)],
         loss: impl Fn() -> Tensor,
         reseed: impl Fn(),
@@ -249,10 +292,11 @@ mod tests {
         reseed();
         let plain = backward(&loss(), vars).unwrap();
         reseed();
-        let session = Checkpointing::begin().unwrap();
+        let m = model.borrow();
+        let session = Checkpointing::begin(&m).unwrap();
         let l = loss();
         let ckpt = session.backward(&l, vars).unwrap();
-        assert!(!active(), "the session ends with backward");
+        assert!(!active(&m), "the session ends with backward");
         (plain, ckpt)
     }
 
@@ -262,12 +306,13 @@ mod tests {
             // Full fine-tuning (the embedding and tied head get gradients through both routes).
             let mut m = random_model(tiny_config(family), 4, DType::F32, &Device::Cpu).unwrap();
             let vars = make_trainable(&mut m, |_| true).unwrap();
+            let m = std::cell::RefCell::new(m);
             let nt = batch();
             let loss = || {
-                let lp = sequence_logprobs(&m, &nt.batch, &nt.targets, true).unwrap();
+                let lp = sequence_logprobs(&m.borrow(), &nt.batch, &nt.targets, true).unwrap();
                 masked_mean_nll(&lp, &nt.mask).unwrap()
             };
-            let (a, b) = both(&vars, loss, || ());
+            let (a, b) = both(&m, &vars, loss, || ());
             assert_eq!(a.get_ids().count(), b.get_ids().count());
             let d = max_rel_diff(&a, &b, &vars);
             assert!(d < 1e-4, "{family:?} full: {d}");
@@ -297,7 +342,7 @@ mod tests {
                 let (lp, _) = shared_prefix_logprobs(&mm, &sb, true, false, 1.0).unwrap();
                 masked_mean_nll(&lp, &sb.mask).unwrap()
             };
-            let (a, b) = both(&vars, loss, reseed);
+            let (a, b) = both(&m, &vars, loss, reseed);
             let d = max_rel_diff(&a, &b, &vars);
             assert!(d < 1e-4, "{family:?} lora + dropout, shared prompts: {d}");
             // Without the replay the masks would differ: a fresh draw gives other gradients.
@@ -309,18 +354,56 @@ mod tests {
     }
 
     #[test]
-    fn sessions_do_not_nest_and_end_on_drop() {
-        let s = Checkpointing::begin().unwrap();
-        assert!(active());
-        assert!(Checkpointing::begin().is_err());
+    fn sessions_are_per_model_and_end_on_drop() {
+        let a = random_model(tiny_config(Family::Llama), 1, DType::F32, &Device::Cpu).unwrap();
+        let b = random_model(tiny_config(Family::Llama), 2, DType::F32, &Device::Cpu).unwrap();
+        let s = Checkpointing::begin(&a).unwrap();
+        assert!(active(&a) && !active(&b));
+        assert!(Checkpointing::begin(&a).is_err());
+        let t = Checkpointing::begin(&b).unwrap();
+        assert!(active(&b));
         drop(s);
-        assert!(!active());
-        let m = random_model(tiny_config(Family::Llama), 1, DType::F32, &Device::Cpu).unwrap();
-        // Inference forwards record nothing (and need no session).
+        assert!(!active(&a) && active(&b));
+        drop(t);
+        assert!(!active(&b));
+        // Inference forwards record nothing (and need no session); a backward with nothing
+        // recorded says what went wrong.
         let nt = batch();
-        let s = Checkpointing::begin().unwrap();
-        m.forward(&nt.batch, None, false).unwrap();
-        assert!(TAPE.with(|t| t.borrow().as_ref().unwrap().is_empty()));
-        drop(s);
+        let s = Checkpointing::begin(&a).unwrap();
+        a.forward(&nt.batch, None, false).unwrap();
+        assert!(TAPE.with(|t| t.borrow().iter().all(|(_, segs)| segs.is_empty())));
+        let err = s
+            .backward(&Tensor::new(1f32, &Device::Cpu).unwrap(), &[])
+            .unwrap_err();
+        assert!(err.to_string().contains("Checkpointing::begin"), "{err}");
+    }
+
+    /// Another training's forward that runs on this thread inside a session (a rayon worker
+    /// waiting in one step's parallel loop may run the other's job) keeps its whole graph:
+    /// its gradients equal those computed with no session at all.
+    #[test]
+    fn another_models_forward_inside_a_session_keeps_its_graph() {
+        let mut other =
+            random_model(tiny_config(Family::Llama), 5, DType::F32, &Device::Cpu).unwrap();
+        let vars = make_trainable(&mut other, |_| true).unwrap();
+        let nt = batch();
+        let loss = || {
+            let lp = sequence_logprobs(&other, &nt.batch, &nt.targets, true).unwrap();
+            masked_mean_nll(&lp, &nt.mask).unwrap()
+        };
+        let alone = backward(&loss(), &vars).unwrap();
+        let mut m = random_model(tiny_config(Family::Llama), 6, DType::F32, &Device::Cpu).unwrap();
+        let own_vars = make_trainable(&mut m, |_| true).unwrap();
+        let session = Checkpointing::begin(&m).unwrap();
+        let own = {
+            let lp = sequence_logprobs(&m, &nt.batch, &nt.targets, true).unwrap();
+            masked_mean_nll(&lp, &nt.mask).unwrap()
+        };
+        let inside = backward(&loss(), &vars).unwrap();
+        assert_eq!(alone.get_ids().count(), inside.get_ids().count());
+        assert!(max_rel_diff(&alone, &inside, &vars) < 1e-6);
+        // The session's own forward was recorded and its backward still works.
+        let g = session.backward(&own, &own_vars).unwrap();
+        assert!(own_vars.iter().all(|(_, v)| g.get(v.as_tensor()).is_some()));
     }
 }

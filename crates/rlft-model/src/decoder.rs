@@ -388,7 +388,7 @@ impl CausalLm {
             }
         }
         let (mut x, cos, sin) = self.embed(batch)?;
-        if grad && cache.is_none() && crate::checkpoint::active() {
+        if grad && cache.is_none() && crate::checkpoint::active(self) {
             let m = self.clone();
             let bias = batch.bias.clone();
             let step: crate::checkpoint::LayerFn = std::rc::Rc::new(move |li, x| {
@@ -398,7 +398,7 @@ impl CausalLm {
                 m.layer_out(layer, x.clone(), &attn, true)
             });
             let n = self.layers.len();
-            let x = crate::checkpoint::run_layers(x, n, self.dropout_counters(), step)?;
+            let x = crate::checkpoint::run_layers(self, x, n, self.dropout_counters(), step)?;
             return self.final_norm(&x, grad);
         }
         for (li, layer) in self.layers.iter().enumerate() {

@@ -1,11 +1,14 @@
 //! Wall time per fused op, to see where a training step goes: `RLFT_OP_TIMES=1` turns it on
-//! (read once), [`span`] times one call of an op's forward or backward, [`take`] returns the
-//! totals gathered since the last call. `rlft bench fwd_bwd|lora` prints them after the timed
-//! reps when it is on, `rlft bench grpo` after all its steps. What a step spends outside these spans is candle's own work
-//! (its ops, gradient sums, allocation) and the gaps between ops.
+//! (read once), [`span`] times one call of an op's forward or backward (or a phase of the
+//! decoder: prefill, decode step, its products, attention, LM head, sampling), [`take`]
+//! returns the totals gathered since the last call. `rlft bench fwd_bwd|lora|generate` prints
+//! them after the timed reps when it is on, `rlft bench grpo` after all its steps. What a step
+//! spends outside these spans is candle's own work (its ops, gradient sums, allocation) and the
+//! gaps between ops.
 //!
-//! Off, a span costs one relaxed atomic load. Calls nested inside a span (the LM head's
-//! backward runs no other op) are not expected; a nested span would be counted twice.
+//! Off, a span costs one relaxed atomic load. Spans do not nest, except the phases named
+//! `"<name>: <phase>"` (e.g. `"generate: prefill"`), which hold other spans: [`table`] lists
+//! them but leaves them out of the time it accounts for.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -77,6 +80,11 @@ pub fn take() -> Vec<(&'static str, Total)> {
         .unwrap_or_default()
 }
 
+/// Whether `name` is a phase that holds other spans (`"generate: prefill"`).
+fn is_phase(name: &str) -> bool {
+    name.contains(": ")
+}
+
 /// The totals as a table: one line per op and phase, seconds per step (`steps` = how many steps
 /// the totals cover), its share of `step_s` seconds per step, then the rest of the step.
 pub fn table(totals: &[(&'static str, Total)], steps: usize, step_s: f64) -> String {
@@ -84,21 +92,23 @@ pub fn table(totals: &[(&'static str, Total)], steps: usize, step_s: f64) -> Str
     let mut rows: Vec<_> = totals.to_vec();
     rows.sort_by(|a, b| b.1.seconds.total_cmp(&a.1.seconds));
     let mut out = format!(
-        "{:<24} {:>8} {:>10} {:>7}\n",
+        "{:<26} {:>8} {:>10} {:>7}\n",
         "op (RLFT_OP_TIMES)", "calls", "s/step", "share"
     );
     let mut sum = 0.0;
     for (name, t) in &rows {
         let s = t.seconds / steps;
-        sum += s;
+        if !is_phase(name) {
+            sum += s;
+        }
         out += &format!(
-            "{name:<24} {:>8} {s:>10.3} {:>6.1}%\n",
+            "{name:<26} {:>8} {s:>10.3} {:>6.1}%\n",
             (t.calls as f64 / steps).round(),
             100.0 * s / step_s
         );
     }
     out += &format!(
-        "{:<24} {:>8} {:>10.3} {:>6.1}%\n",
+        "{:<26} {:>8} {:>10.3} {:>6.1}%\n",
         "outside these ops",
         "",
         step_s - sum,
@@ -128,5 +138,17 @@ mod tests {
         assert!(on.seconds >= 0.006, "{}", on.seconds);
         let t = table(&[("test-op on", on)], 3, 0.01);
         assert!(t.contains("test-op on") && t.contains("outside these ops"));
+        // A phase is listed but not counted: the rest is the step less the ops alone.
+        let op = Total {
+            calls: 1,
+            seconds: 0.25,
+        };
+        let phase = Total {
+            calls: 1,
+            seconds: 0.75,
+        };
+        let t = table(&[("phase: all", phase), ("op", op)], 1, 1.0);
+        let rest = t.lines().last().unwrap();
+        assert!(rest.contains("0.750") && t.contains("phase: all"), "{t}");
     }
 }

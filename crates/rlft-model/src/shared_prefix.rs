@@ -118,12 +118,12 @@ impl CausalLm {
             group: sb.group.clone(),
             shape: (p, tp, n, ts),
         };
-        if grad && crate::checkpoint::active() {
+        if grad && crate::checkpoint::active(self) {
             let m = self.clone();
             let step: crate::checkpoint::LayerFn =
                 std::rc::Rc::new(move |li, x| m.stream_layer(&m.layers[li], x.clone(), &ctx, true));
             let n_layers = self.layers.len();
-            x = crate::checkpoint::run_layers(x, n_layers, self.dropout_counters(), step)?;
+            x = crate::checkpoint::run_layers(self, x, n_layers, self.dropout_counters(), step)?;
         } else {
             for layer in &self.layers {
                 x = self.stream_layer(layer, x, &ctx, grad)?;

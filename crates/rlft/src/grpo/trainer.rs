@@ -248,7 +248,7 @@ impl Loop<'_> {
             };
             let session = cfg
                 .gradient_checkpointing
-                .then(Checkpointing::begin)
+                .then(|| Checkpointing::begin(&self.p.model))
                 .transpose()?;
             let sb = score_batch(&self.p.model, &self.p.train, &refs, o)?;
             let tc = sb.mask.dim(1)?;

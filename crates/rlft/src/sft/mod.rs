@@ -160,7 +160,7 @@ impl Loop<'_> {
             let mb = batch::micro_batch(&refs, self.p.pad_id, self.p.model.device())?;
             let session = cfg
                 .gradient_checkpointing
-                .then(Checkpointing::begin)
+                .then(|| Checkpointing::begin(&self.p.model))
                 .transpose()?;
             let nll = batch::summed_nll(&self.p.model, &mb, true)?;
             let loss = (nll / total_targets.max(1) as f64)?;
