@@ -81,9 +81,9 @@ fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
 /// `out [m, n] = x [m, k] @ w [n, k]^T`: the streaming kernel where it beats gemm, gemm
 /// otherwise. gemm packs both operands on every call, which a prefill's few dozen rows do not
 /// amortise: on the AVX-512 host (`matmul_bench prefill`) a 35-row shared prefix ran at
-/// 23-33 GFLOP/s in gemm against 104-144 streamed, and at 176 rows the products whose output
-/// is no wider than their input (q/k/v/o, down) streamed at 124-153 against gemm's 105-141;
-/// only gate/up (576 -> 1536) stay ahead in gemm there (165-176 against 120-134).
+/// 23-33 GFLOP/s in gemm against 104-215 streamed, and at 176 rows the products whose output
+/// is no wider than their input (q/k/v/o, down) streamed at 124-214 against gemm's 105-178;
+/// only gate/up (576 -> 1536) stay ahead in gemm there (165-243 against 120-172).
 fn matmul(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
     if m <= STREAM_ROWS || (m <= STREAM_NARROW_ROWS && n <= k) {
         matmul_wt(x, m, k, w, n, None, out);
@@ -460,8 +460,8 @@ fn run(
                         for s in wh.iter_mut() {
                             *s = crate::fused::exp_f32(*s - max);
                         }
-                        let inv = crate::fused::sum(wh);
-                        wh.iter_mut().for_each(|s| *s /= inv);
+                        let sum = crate::fused::sum(wh);
+                        wh.iter_mut().for_each(|s| *s /= sum);
                     }
                     let o = &mut out[g * groups * hd..(g + 1) * groups * hd];
                     o.fill(0.0);
