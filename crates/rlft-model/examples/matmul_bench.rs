@@ -152,26 +152,37 @@ fn main() -> candle_core::Result<()> {
 /// This CPU's f32 FMA peak, the ceiling for every product above: 12 independent chains of
 /// 8-lane FMAs per thread (enough to fill both FMA pipes of a core), on every rayon thread at
 /// once.
+/// The GGUF bytes of a random `[n, k]` Q4_1 or Q8_0 weight: small f16 scales (0x2000-ish)
+/// and random quants, from the LCG state `byte`.
+fn random_blocks(ty: GgmlType, n: usize, k: usize, byte: &mut u32) -> Vec<u8> {
+    let size = match ty {
+        GgmlType::Q4_1 => 20,
+        GgmlType::Q8_0 => 34,
+        other => panic!("random_blocks: {other:?} is not a block type here"),
+    };
+    (0..n * k / 32 * size)
+        .map(|j| {
+            *byte = byte.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            if j % size < 4 && j % 2 == 1 {
+                0x20
+            } else {
+                (*byte >> 24) as u8
+            }
+        })
+        .collect()
+}
+
 /// The block kernel alone on one thread, weights in cache: 8 rows of `x` against a Q4_1
 /// gate/up-sized and a Q8_0 head-slice-sized matrix, the fastest of many short trials (a
 /// shared host's stolen time only ever adds).
 fn block_kernel() {
     let mut byte = 7u32;
-    for (ty, size, n, k) in [
-        (GgmlType::Q4_1, 20, 1536usize, 576usize),
-        (GgmlType::Q4_1, 20, 576, 1536),
-        (GgmlType::Q8_0, 34, 1536, 576),
+    for (ty, n, k) in [
+        (GgmlType::Q4_1, 1536usize, 576usize),
+        (GgmlType::Q4_1, 576, 1536),
+        (GgmlType::Q8_0, 1536, 576),
     ] {
-        let data: Vec<u8> = (0..n * k / 32 * size)
-            .map(|j| {
-                byte = byte.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                if j % size < 4 && j % 2 == 1 {
-                    0x20
-                } else {
-                    (byte >> 24) as u8
-                }
-            })
-            .collect();
+        let data = random_blocks(ty, n, k, &mut byte);
         let q = QuantWeight::from_gguf(ty, n, k, &data).expect("block sizes");
         let m = 8;
         let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 / 13.0 - 0.5).collect();
@@ -419,23 +430,13 @@ fn decode_step() {
         .iter()
         .enumerate()
         .map(|(i, &(n, k))| {
-            let (ty, size) = if i + 1 == shapes.len() {
-                (GgmlType::Q8_0, 34)
+            let ty = if i + 1 == shapes.len() {
+                GgmlType::Q8_0
             } else {
-                (GgmlType::Q4_1, 20)
+                GgmlType::Q4_1
             };
-            let data: Vec<u8> = (0..n * k / 32 * size)
-                .map(|j| {
-                    byte = byte.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                    // Small f16 scales (0x2000-ish), random quants.
-                    if j % size < 4 && j % 2 == 1 {
-                        0x20
-                    } else {
-                        (byte >> 24) as u8
-                    }
-                })
-                .collect();
-            QuantWeight::from_gguf(ty, n, k, &data).expect("block sizes")
+            QuantWeight::from_gguf(ty, n, k, &random_blocks(ty, n, k, &mut byte))
+                .expect("block sizes")
         })
         .collect();
     let qbytes: usize = quant.iter().map(QuantWeight::size_in_bytes).sum();

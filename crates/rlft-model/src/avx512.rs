@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::kernels::{for_tiles, TILE_COLS};
 use crate::quant::BLOCK;
-use crate::quant_dot::{for_groups, Group, Layout};
+use crate::quant_dot::{for_groups, Group, Layout, Q4_1, Q8_0};
 
 /// 0 = not decided yet, 1 = off, 2 = on.
 static STATE: AtomicU8 = AtomicU8::new(0);
@@ -174,13 +174,6 @@ trait Dequant: Copy {
     unsafe fn block(self, b: usize, out: &mut [__m512; 2]);
 }
 
-#[derive(Clone, Copy)]
-struct Q4_1<'a> {
-    d: &'a [f32],
-    m: &'a [f32],
-    qs: &'a [u8],
-}
-
 impl Dequant for Q4_1<'_> {
     /// Byte `j` of a block holds element `j` in its low nibble and `j + 16` in its high one.
     /// The block's 16 possible weights `q * d + m` (multiply then add as the loader does, no
@@ -203,12 +196,6 @@ impl Dequant for Q4_1<'_> {
         out[0] = _mm512_permutexvar_ps(lanes, table);
         out[1] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(lanes), table);
     }
-}
-
-#[derive(Clone, Copy)]
-struct Q8_0<'a> {
-    d: &'a [f32],
-    qs: &'a [i8],
 }
 
 impl Dequant for Q8_0<'_> {

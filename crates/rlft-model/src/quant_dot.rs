@@ -110,11 +110,13 @@ trait Dequant: Copy {
     unsafe fn block(self, b: usize, out: &mut [__m256; 4]);
 }
 
+/// A Q4_1 weight's blocks as the kernels read them (this AVX2 module's and `crate::avx512`'s
+/// `Dequant` implementations).
 #[derive(Clone, Copy)]
-struct Q4_1<'a> {
-    d: &'a [f32],
-    m: &'a [f32],
-    qs: &'a [u8],
+pub(crate) struct Q4_1<'a> {
+    pub(crate) d: &'a [f32],
+    pub(crate) m: &'a [f32],
+    pub(crate) qs: &'a [u8],
 }
 
 impl Dequant for Q4_1<'_> {
@@ -143,10 +145,11 @@ unsafe fn q4(bytes: __m128i, d: __m256, m: __m256) -> __m256 {
     _mm256_add_ps(_mm256_mul_ps(q, d), m)
 }
 
+/// A Q8_0 weight's blocks as the kernels read them.
 #[derive(Clone, Copy)]
-struct Q8_0<'a> {
-    d: &'a [f32],
-    qs: &'a [i8],
+pub(crate) struct Q8_0<'a> {
+    pub(crate) d: &'a [f32],
+    pub(crate) qs: &'a [i8],
 }
 
 impl Dequant for Q8_0<'_> {
