@@ -46,14 +46,16 @@ const TILE_ROWS: usize = 8;
 /// The CPU must have AVX-512F, AVX2 and FMA ([`enabled`]).
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(crate) unsafe fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
-    for_tiles(x, m, k, w, out, TILE_ROWS, |nr, nc, xp, wp, op, pf| {
+    for_tiles(x, m, k, w, out, TILE_ROWS, |nr, nc, t| {
+        let (xp, wp, op, pf, len) = (t.xp, t.wp, t.op, t.pf, t.len);
+        debug_assert_eq!((t.k, t.m), (k, m));
         macro_rules! dispatch {
             ($($r:literal),*) => {
                 match (nr, nc) {
                     $(
-                        ($r, 3) => tile::<$r, 3>(xp, wp, k, op, m, pf),
-                        ($r, 2) => tile::<$r, 2>(xp, wp, k, op, m, pf),
-                        ($r, _) => tile::<$r, 1>(xp, wp, k, op, m, pf),
+                        ($r, 3) => tile::<$r, 3>(xp, wp, k, len, op, m, pf),
+                        ($r, 2) => tile::<$r, 2>(xp, wp, k, len, op, m, pf),
+                        ($r, _) => tile::<$r, 1>(xp, wp, k, len, op, m, pf),
                     )*
                     _ => unreachable!("row groups hold 1-{TILE_ROWS} rows"),
                 }
@@ -63,19 +65,22 @@ pub(crate) unsafe fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &m
     })
 }
 
-/// `out[c * m + r] = dot(x_r, w_c)` for `R` rows of `x` (row stride `k`) and `C` weight rows:
-/// 16 lanes over `k / 16 * 16` columns, then the tail in order.
+/// `out[c * m + r] = dot(x_r, w_c)` over the first `len` columns for `R` rows of `x` and `C`
+/// weight rows (both of row stride `k`): 16 lanes over `len / 16 * 16` columns, then the tail
+/// in order. (Accumulating spans are added by `for_tiles`: an `out +=` here made LLVM spill
+/// the accumulators in the FMA loop.)
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
 unsafe fn tile<const R: usize, const C: usize>(
     xp: *const f32,
     wp: *const f32,
     k: usize,
+    len: usize,
     out: *mut f32,
     m: usize,
     prefetch: *const f32,
 ) {
-    let k16 = k / 16 * 16;
+    let k16 = len / 16 * 16;
     let mut acc = [[_mm512_setzero_ps(); C]; R];
     let mut kk = 0;
     while kk < k16 {
@@ -97,7 +102,7 @@ unsafe fn tile<const R: usize, const C: usize>(
         }
         kk += 16;
     }
-    if R == 8 && k16 == k {
+    if R == 8 && k16 == len {
         // A column's 8 sums are contiguous in `out`: reduce the 8 registers together.
         #[allow(clippy::needless_range_loop)] // `c` indexes the inner arrays of `acc`
         for c in 0..C {
@@ -109,7 +114,7 @@ unsafe fn tile<const R: usize, const C: usize>(
     for (r, row) in acc.iter().enumerate() {
         for (c, a) in row.iter().enumerate() {
             let mut s = hsum(*a);
-            for t in k16..k {
+            for t in k16..len {
                 s += *xp.add(r * k + t) * *wp.add(c * k + t);
             }
             *out.add(c * m + r) = s;
@@ -290,6 +295,9 @@ mod tests {
             (1, 16, 1),
             (13, 1536, 3),
             (8, 40, 2),
+            // k cut into spans (8 rows of x over 24 KiB), the last with a tail.
+            (9, 1000, 5),
+            (16, 3000, 4),
         ] {
             let (x, w) = (data(m * k, 7), data(cols * k, 11));
             let mut out = vec![f32::NAN; cols * m];

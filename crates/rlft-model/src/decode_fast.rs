@@ -82,10 +82,12 @@ fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
 /// otherwise. gemm packs both operands on every call, which a prefill's few dozen rows do not
 /// amortise: on the AVX-512 host (`matmul_bench prefill`) a 35-row shared prefix ran at
 /// 23-33 GFLOP/s in gemm against 104-215 streamed, and at 176 rows the products whose output
-/// is no wider than their input (q/k/v/o, down) streamed at 124-214 against gemm's 105-178;
-/// only gate/up (576 -> 1536) stay ahead in gemm there (165-243 against 120-172).
+/// is no wider than their input (q/k/v/o, down) streamed at 124-214 against gemm's 105-178.
+/// Since the streaming kernel cuts `k` into spans that keep a row group in L1 and writes its
+/// output row by row, gate/up (576 -> 1536) stream at 176 rows too (183 against gemm's 164,
+/// same sitting); at 480 rows gemm is ahead on every shape (212 against 158).
 fn matmul(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
-    if m <= STREAM_ROWS || (m <= STREAM_NARROW_ROWS && n <= k) {
+    if streams(m, n, k) {
         matmul_wt(x, m, k, w, n, None, out);
         return;
     }
@@ -123,22 +125,27 @@ fn matmul(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
 }
 
 /// Rows up to which every product of the fused forward streams its weights ([`matmul`]).
-const STREAM_ROWS: usize = 64;
+const STREAM_ROWS: usize = 192;
 /// Rows up to which products whose output is no wider than their input stream.
 const STREAM_NARROW_ROWS: usize = 256;
+
+/// Whether [`matmul`] streams an `[m, k] @ [n, k]^T` product rather than calling gemm.
+fn streams(m: usize, n: usize, k: usize) -> bool {
+    m <= STREAM_ROWS || (m <= STREAM_NARROW_ROWS && n <= k)
+}
 
 /// `out = x @ W^T (+ b) (+ s * x @ A^T @ B^T)` for a [`crate::ops::Linear`] over `m` packed
 /// rows: the base product from the GGUF blocks while they mirror the weight and `m` is small,
 /// from the f32 weight otherwise; the enabled LoRA adapter's update without dropout.
 fn linear(l: &crate::ops::Linear, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
+    let (n, k) = l.weight.dims2()?;
     let _t = crate::op_time::span(if m <= SMALL_M {
         "decode linear"
-    } else if m <= STREAM_ROWS {
-        "prefill linear (few rows)"
+    } else if streams(m, n, k) {
+        "prefill linear (streamed)"
     } else {
-        "prefill linear"
+        "prefill linear (gemm)"
     });
-    let (n, k) = l.weight.dims2()?;
     let out = &mut out[..m * n];
     match block_weight(l, m) {
         Some(q) => q.matmul_wt(x, m, out),

@@ -34,14 +34,40 @@ const TILE_ROWS: usize = 4;
 #[cfg(target_arch = "x86_64")]
 const PREFETCH_TILES: usize = 2;
 
+/// One register tile's operands for the x86 streaming kernels ([`for_tiles`]).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct Tile {
+    /// The tile's first row of `x`, at the span's first column (row stride `k`).
+    pub(crate) xp: *const f32,
+    /// The tile's first weight row, at the span's first column (row stride `k`).
+    pub(crate) wp: *const f32,
+    /// `out[j * m + i]` of the tile's first weight row `j` and row `i` (column stride `m`),
+    /// which the tile overwrites.
+    pub(crate) op: *mut f32,
+    /// An address to prefetch at the same column (maybe past the end), or null.
+    pub(crate) pf: *const f32,
+    /// Row stride of `x` and `w`.
+    pub(crate) k: usize,
+    /// Columns of the span (`<= k`): the dot products run over these.
+    pub(crate) len: usize,
+    /// Column stride of `out`.
+    pub(crate) m: usize,
+}
+
 /// The tile loop of the x86 streaming kernels (AVX2 here, AVX-512 in `crate::avx512`): the
 /// weight rows of `w [cols, k]` in tiles of [`TILE_COLS`], the rows of `x [m, k]` in groups of
 /// `tile_rows`, each tile of weight rows used against every row group while it is in L1, so
-/// weights are read from memory once. Calls `tile(nr, nc, xp, wp, op, pf)` for `nr` rows of
-/// `x` at `xp` and `nc` weight rows at `wp` (both of row stride `k`), output at `op` =
-/// `out[j * m + i]` (column stride `m`); the first row group of a tile gets `pf`, the weight
-/// rows [`PREFETCH_TILES`] tiles ahead (an address to prefetch, maybe past the end), the
-/// others null.
+/// weights are read from memory once. Calls `tile(nr, nc, t)` for `nr` rows of `x` and `nc`
+/// weight rows ([`Tile`]); the first row group of a tile gets a prefetch address, the weight
+/// rows [`PREFETCH_TILES`] tiles ahead, the others null.
+///
+/// When a group of rows of `x` is wider than [`X_GROUP_BYTES`] (AVX-512's 8 rows of a
+/// 1536-wide `x`), `k` is cut into spans that fit, each span's dot products added to the
+/// last: a row group then stays in L1 across weight tiles instead of streaming from L2 for
+/// each of them (176 x 1536 x 576 on one thread, `examples/tile_probe`: 80 -> 119 GFLOP/s).
+/// The spans depend on `k` only, so a row's result does not depend on how many rows came
+/// with it.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn for_tiles(
@@ -51,50 +77,86 @@ pub(crate) fn for_tiles(
     w: &[f32],
     out: &mut [f32],
     tile_rows: usize,
-    mut tile: impl FnMut(usize, usize, *const f32, *const f32, *mut f32, *const f32),
+    mut tile: impl FnMut(usize, usize, &Tile),
 ) {
     let cols = w.len() / k;
     assert!(x.len() >= m * k && out.len() >= cols * m);
-    // One tile at row `i`, weight row `j`; returns its (rows, weight rows).
-    let mut run = |i: usize, j: usize| {
-        let (nr, nc) = ((m - i).min(tile_rows), (cols - j).min(TILE_COLS));
-        // SAFETY: i < m and j < cols, so the offsets are inside x, w and out (asserted).
-        let (xp, wp, op) = unsafe {
-            (
-                x.as_ptr().add(i * k),
-                w.as_ptr().add(j * k),
-                out.as_mut_ptr().add(j * m + i),
-            )
-        };
-        let pf = if i == 0 {
-            wp.wrapping_add(PREFETCH_TILES * TILE_COLS * k)
-        } else {
-            std::ptr::null()
-        };
-        tile(nr, nc, xp, wp, op, pf);
-        (nr, nc)
+    let spans = (tile_rows * k * 4).div_ceil(X_GROUP_BYTES).max(1);
+    let span = k.div_ceil(spans).div_ceil(16) * 16;
+    // Spans after the first write here, then add into `out` (an `out += ` inside the
+    // kernels made LLVM spill their accumulators: 25% slower).
+    let mut part = if span < k {
+        vec![0f32; cols * m]
+    } else {
+        Vec::new()
     };
-    if m > tile_rows && tile_rows * k * 4 <= X_GROUP_BYTES {
-        // Many rows: each group of rows of `x` stays in L1 while it meets every weight row of
-        // this call (from L2 after the first group), rather than every row of `x` streaming
-        // from L2 for each tile of 3 weight rows (more bytes a cycle than L2 delivers).
-        for i in (0..m).step_by(tile_rows) {
+    let mut k0 = 0;
+    while k0 < k {
+        let len = span.min(k - k0);
+        let dst = if k0 == 0 {
+            out.as_mut_ptr()
+        } else {
+            part.as_mut_ptr()
+        };
+        // One tile at row `i`, weight row `j`; returns its (rows, weight rows).
+        let mut run = |i: usize, j: usize| {
+            let (nr, nc) = ((m - i).min(tile_rows), (cols - j).min(TILE_COLS));
+            // SAFETY: i < m, j < cols and k0 < k, so the offsets are inside x, w and `dst`
+            // (`out` or `part`, both of at least `cols * m` values: asserted).
+            let (xp, wp, op) = unsafe {
+                (
+                    x.as_ptr().add(i * k + k0),
+                    w.as_ptr().add(j * k + k0),
+                    dst.add(j * m + i),
+                )
+            };
+            let pf = if i == 0 {
+                wp.wrapping_add(PREFETCH_TILES * TILE_COLS * k)
+            } else {
+                std::ptr::null()
+            };
+            let t = Tile {
+                xp,
+                wp,
+                op,
+                pf,
+                k,
+                len,
+                m,
+            };
+            tile(nr, nc, &t);
+            (nr, nc)
+        };
+        if m > tile_rows && tile_rows * len * 4 <= X_GROUP_BYTES {
+            // Many rows: each group of rows of `x` stays in L1 while it meets every weight
+            // row of this call (from L2 after the first group), rather than every row of `x`
+            // streaming from L2 for each tile of 3 weight rows (more bytes a cycle than L2
+            // delivers).
+            for i in (0..m).step_by(tile_rows) {
+                let mut j = 0;
+                while j < cols {
+                    j += run(i, j).1;
+                }
+            }
+        } else {
             let mut j = 0;
             while j < cols {
-                j += run(i, j).1;
+                let mut i = 0;
+                let mut nc = 0;
+                while i < m {
+                    let (nr, c) = run(i, j);
+                    (i, nc) = (i + nr, c);
+                }
+                j += nc;
             }
         }
-    } else {
-        let mut j = 0;
-        while j < cols {
-            let mut i = 0;
-            let mut nc = 0;
-            while i < m {
-                let (nr, c) = run(i, j);
-                (i, nc) = (i + nr, c);
-            }
-            j += nc;
+        if k0 > 0 {
+            out[..cols * m]
+                .iter_mut()
+                .zip(&part)
+                .for_each(|(o, p)| *o += p);
         }
+        k0 += len;
     }
 }
 
@@ -235,10 +297,24 @@ pub(crate) unsafe fn scatter_columns(
     dst: &SendPtr,
     bias: Option<&[f32]>,
 ) {
-    for (c, col) in t.chunks_exact(m).enumerate() {
-        let b = bias.map_or(0.0, |b| b[j0 + c]);
-        for (i, v) in col.iter().enumerate() {
-            *dst.0.add(i * n + j0 + c) = *v + b;
+    let cols = t.len() / m;
+    // Row by row: each output row's stretch is written in order, and `t` (a few dozen KiB) is
+    // read across its columns. Column by column instead, the stores walk `out` with a stride
+    // of `n` floats, which for `n = 1536` (6 KiB) maps every row to the same 2 of L1's 64
+    // sets: a 176-row column missed L1 on every store (24% of a 176 x 576 x 1536 product).
+    for i in 0..m {
+        let row = dst.0.add(i * n + j0);
+        match bias {
+            Some(b) => {
+                for c in 0..cols {
+                    *row.add(c) = *t.get_unchecked(c * m + i) + b[j0 + c];
+                }
+            }
+            None => {
+                for c in 0..cols {
+                    *row.add(c) = *t.get_unchecked(c * m + i);
+                }
+            }
         }
     }
 }
@@ -291,50 +367,54 @@ mod avx2 {
         _mm_cvtss_f32(s)
     }
 
-    use super::{for_tiles, TILE_COLS, TILE_ROWS};
+    use super::{for_tiles, Tile, TILE_COLS, TILE_ROWS};
 
     /// Register tiles of `TILE_ROWS` rows of `x` by `TILE_COLS` weight rows ([`for_tiles`]):
     /// each step loads `TILE_COLS` weight vectors and `TILE_ROWS` x vectors for
     /// `TILE_ROWS * TILE_COLS` FMAs (12 accumulators, 16 registers in all).
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
-        for_tiles(
-            x,
-            m,
-            k,
-            w,
-            out,
-            TILE_ROWS,
-            |nr, nc, xp, wp, op, pf| match (nr, nc) {
-                (4, 3) => tile::<4, 3>(xp, wp, k, op, m, pf),
-                (4, 2) => tile::<4, 2>(xp, wp, k, op, m, pf),
-                (4, 1) => tile::<4, 1>(xp, wp, k, op, m, pf),
-                (3, 3) => tile::<3, 3>(xp, wp, k, op, m, pf),
-                (3, 2) => tile::<3, 2>(xp, wp, k, op, m, pf),
-                (3, 1) => tile::<3, 1>(xp, wp, k, op, m, pf),
-                (2, 3) => tile::<2, 3>(xp, wp, k, op, m, pf),
-                (2, 2) => tile::<2, 2>(xp, wp, k, op, m, pf),
-                (2, 1) => tile::<2, 1>(xp, wp, k, op, m, pf),
-                (1, 3) => tile::<1, 3>(xp, wp, k, op, m, pf),
-                (1, 2) => tile::<1, 2>(xp, wp, k, op, m, pf),
-                _ => tile::<1, 1>(xp, wp, k, op, m, pf),
-            },
-        )
+        for_tiles(x, m, k, w, out, TILE_ROWS, |nr, nc, t| {
+            let Tile {
+                xp,
+                wp,
+                op,
+                pf,
+                len,
+                ..
+            } = *t;
+            match (nr, nc) {
+                (4, 3) => tile::<4, 3>(xp, wp, k, len, op, m, pf),
+                (4, 2) => tile::<4, 2>(xp, wp, k, len, op, m, pf),
+                (4, 1) => tile::<4, 1>(xp, wp, k, len, op, m, pf),
+                (3, 3) => tile::<3, 3>(xp, wp, k, len, op, m, pf),
+                (3, 2) => tile::<3, 2>(xp, wp, k, len, op, m, pf),
+                (3, 1) => tile::<3, 1>(xp, wp, k, len, op, m, pf),
+                (2, 3) => tile::<2, 3>(xp, wp, k, len, op, m, pf),
+                (2, 2) => tile::<2, 2>(xp, wp, k, len, op, m, pf),
+                (2, 1) => tile::<2, 1>(xp, wp, k, len, op, m, pf),
+                (1, 3) => tile::<1, 3>(xp, wp, k, len, op, m, pf),
+                (1, 2) => tile::<1, 2>(xp, wp, k, len, op, m, pf),
+                _ => tile::<1, 1>(xp, wp, k, len, op, m, pf),
+            }
+        })
     }
 
-    /// `out[c * m + r] = dot(x_r, w_c)` for `R` rows of `x` (row stride `k`) and `C` weight
-    /// rows; each dot sums 8 lanes, then the `k % 8` tail in order.
+    /// `out[c * m + r] = dot(x_r, w_c)` over the first `len` columns for `R` rows of `x` and
+    /// `C` weight rows (both of row stride `k`); each dot sums 8 lanes, then the `len % 8`
+    /// tail in order.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn tile<const R: usize, const C: usize>(
         xp: *const f32,
         wp: *const f32,
         k: usize,
+        len: usize,
         out: *mut f32,
         m: usize,
         prefetch: *const f32,
     ) {
-        let k8 = k / 8 * 8;
+        let k8 = len / 8 * 8;
         let mut acc = [[_mm256_setzero_ps(); C]; R];
         let mut kk = 0;
         while kk < k8 {
@@ -359,7 +439,7 @@ mod avx2 {
         for (r, row) in acc.iter().enumerate() {
             for (c, a) in row.iter().enumerate() {
                 let mut s = hsum(*a);
-                for t in k8..k {
+                for t in k8..len {
                     s += *xp.add(r * k + t) * *wp.add(c * k + t);
                 }
                 *out.add(c * m + r) = s;
@@ -382,6 +462,8 @@ mod tests {
             (70, 37, 16),
             (33, 576, 4),
             (9, 20, 80),
+            // k cut into spans in both kernels (AVX2's 4 rows of x over 24 KiB at k > 1536).
+            (11, 2000, 7),
         ] {
             let x: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
