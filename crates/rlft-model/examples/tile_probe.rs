@@ -9,7 +9,10 @@ use std::time::Instant;
 fn main() {
     let a: Vec<usize> = std::env::args()
         .skip(1)
-        .map(|s| s.parse().expect("arguments are numbers: [threads] [reps] [m k n]"))
+        .map(|s| {
+            s.parse()
+                .expect("arguments are numbers: [threads] [reps] [m k n]")
+        })
         .collect();
     let threads = a.first().copied().unwrap_or(1);
     let reps = a.get(1).copied().unwrap_or(200).max(1);
