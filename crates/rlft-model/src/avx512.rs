@@ -48,7 +48,6 @@ const TILE_ROWS: usize = 8;
 pub(crate) unsafe fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
     for_tiles(x, m, k, w, out, TILE_ROWS, |nr, nc, t| {
         let (xp, wp, op, pf, len) = (t.xp, t.wp, t.op, t.pf, t.len);
-        debug_assert_eq!((t.k, t.m), (k, m));
         macro_rules! dispatch {
             ($($r:literal),*) => {
                 match (nr, nc) {

@@ -42,17 +42,14 @@ pub(crate) struct Tile {
     pub(crate) xp: *const f32,
     /// The tile's first weight row, at the span's first column (row stride `k`).
     pub(crate) wp: *const f32,
-    /// `out[j * m + i]` of the tile's first weight row `j` and row `i` (column stride `m`),
-    /// which the tile overwrites.
+    /// `out[j * m + i]` of the tile's first weight row `j` and row `i` (column stride `m`, the
+    /// rows of `x`), which the tile overwrites.
     pub(crate) op: *mut f32,
     /// An address to prefetch at the same column (maybe past the end), or null.
     pub(crate) pf: *const f32,
-    /// Row stride of `x` and `w`.
-    pub(crate) k: usize,
-    /// Columns of the span (`<= k`): the dot products run over these.
+    /// Columns of the span (`<= k`, the row stride of `x` and `w`): the dot products run
+    /// over these.
     pub(crate) len: usize,
-    /// Column stride of `out`.
-    pub(crate) m: usize,
 }
 
 /// The tile loop of the x86 streaming kernels (AVX2 here, AVX-512 in `crate::avx512`): the
@@ -83,6 +80,9 @@ pub(crate) fn for_tiles(
     assert!(x.len() >= m * k && out.len() >= cols * m);
     let spans = (tile_rows * k * 4).div_ceil(X_GROUP_BYTES).max(1);
     let span = k.div_ceil(spans).div_ceil(16) * 16;
+    // A group of rows fits in L1 over any span (X_GROUP_BYTES / (4 * tile_rows) is a
+    // multiple of 16 for the kernels' 4 and 8 rows).
+    debug_assert!(tile_rows * span * 4 <= X_GROUP_BYTES);
     // Spans after the first write here, then add into `out` (an `out += ` inside the
     // kernels made LLVM spill their accumulators: 25% slower).
     let mut part = if span < k {
@@ -120,18 +120,16 @@ pub(crate) fn for_tiles(
                 wp,
                 op,
                 pf,
-                k,
                 len,
-                m,
             };
             tile(nr, nc, &t);
             (nr, nc)
         };
-        if m > tile_rows && tile_rows * len * 4 <= X_GROUP_BYTES {
-            // Many rows: each group of rows of `x` stays in L1 while it meets every weight
-            // row of this call (from L2 after the first group), rather than every row of `x`
-            // streaming from L2 for each tile of 3 weight rows (more bytes a cycle than L2
-            // delivers).
+        if m > tile_rows {
+            // Many rows: each group of rows of `x` (over one span) stays in L1 while it meets
+            // every weight row of this call (from L2 after the first group), rather than every
+            // row of `x` streaming from L2 for each tile of 3 weight rows (more bytes a cycle
+            // than L2 delivers).
             for i in (0..m).step_by(tile_rows) {
                 let mut j = 0;
                 while j < cols {
