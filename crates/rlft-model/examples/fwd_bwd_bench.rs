@@ -49,6 +49,10 @@ fn model_path(arg: Option<String>) -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).expect("utf-8 path").trim())
 }
 
+/// As the `rlft` binary: buffers of 1 KiB and more start on a cache line.
+#[global_allocator]
+static ALLOC: rlft_model::alloc::CacheLineAlloc = rlft_model::alloc::CacheLineAlloc;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     rlft_model::runtime::tune();
     let (mut positional, mut trainable, mut lora, mut rank) = (Vec::new(), None, None, 16usize);

@@ -94,6 +94,10 @@ fn to_candle(e: rlft_model::ModelError) -> candle_core::Error {
     candle_core::Error::Msg(e.to_string())
 }
 
+/// As the `rlft` binary: buffers of 1 KiB and more start on a cache line.
+#[global_allocator]
+static ALLOC: rlft_model::alloc::CacheLineAlloc = rlft_model::alloc::CacheLineAlloc;
+
 fn main() -> candle_core::Result<()> {
     rlft_model::runtime::tune();
     let mut args = std::env::args().skip(1);

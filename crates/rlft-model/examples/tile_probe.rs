@@ -6,6 +6,10 @@
 
 use std::time::Instant;
 
+/// As the `rlft` binary: buffers of 1 KiB and more start on a cache line.
+#[global_allocator]
+static ALLOC: rlft_model::alloc::CacheLineAlloc = rlft_model::alloc::CacheLineAlloc;
+
 fn main() {
     let a: Vec<usize> = std::env::args()
         .skip(1)
@@ -39,12 +43,36 @@ fn main() {
         let w: Vec<f32> = (0..n * k)
             .map(|i| ((i * 11) % 31) as f32 / 9.0 - 1.5)
             .collect();
+        // ALIGN=<bytes mod 64> places x and w at that offset from a cache line.
+        let off: usize = std::env::var("ALIGN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(999);
+        let place = |v: Vec<f32>| -> (Vec<f32>, usize) {
+            if off == 999 {
+                return (v, 0);
+            }
+            let mut b = vec![0f32; v.len() + 32];
+            let a = b.as_ptr() as usize;
+            let s = ((64 - a % 64) % 64 + off) / 4;
+            b[s..s + v.len()].copy_from_slice(&v);
+            (b, s)
+        };
+        let (xb, xs) = place(x);
+        let (wb, ws) = place(w);
+        let x = &xb[xs..xs + m * k];
+        let w = &wb[ws..ws + n * k];
+        eprintln!(
+            "x at {} mod 64, w at {} mod 64",
+            x.as_ptr() as usize % 64,
+            w.as_ptr() as usize % 64
+        );
         let mut out = vec![0f32; m * n];
         let best = pool.install(|| {
             let mut best = f64::INFINITY;
             for _ in 0..reps {
                 let t = Instant::now();
-                rlft_model::kernels::matmul_wt(&x, m, k, &w, n, None, &mut out);
+                rlft_model::kernels::matmul_wt(x, m, k, w, n, None, &mut out);
                 best = best.min(t.elapsed().as_secs_f64());
             }
             best

@@ -238,10 +238,10 @@ unsafe fn run<const R: usize, const S: usize>(g: &Group, w: impl Dequant) {
     let mut wv = [_mm512_setzero_ps(); 2];
     for blk in 0..g.blocks {
         w.block(g.first + blk, &mut wv);
-        let xb = g.x.add(blk * BLOCK);
+        let xb = g.x.add(blk * R * BLOCK);
         for (v, wvec) in wv.iter().enumerate() {
             for (r, a) in acc.iter_mut().enumerate() {
-                let xv = _mm512_loadu_ps(xb.add(r * g.k + v * 16));
+                let xv = _mm512_loadu_ps(xb.add(r * BLOCK + v * 16));
                 a[v % S] = _mm512_fmadd_ps(xv, *wvec, a[v % S]);
             }
         }
@@ -361,8 +361,9 @@ mod tests {
             for m in 1..=9usize {
                 let x = data(m * k, 5);
                 let mut out = vec![f32::NAN; cols * m];
+                let xp = crate::quant_dot::pack_rows(&x, m, k);
                 // SAFETY: enabled() checked the CPU; whole blocks of `cols` rows.
-                unsafe { matmul_blocks(&x, m, k, layout, &mut out) };
+                unsafe { matmul_blocks(xp.as_slice(), m, k, layout, &mut out) };
                 for c in 0..cols {
                     for i in 0..m {
                         let want: f64 = (0..k)

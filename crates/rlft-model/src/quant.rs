@@ -308,6 +308,7 @@ impl QuantWeight {
                     }
                 }
                 let dst: Vec<SendPtr> = outs.iter_mut().map(|o| SendPtr(o.as_mut_ptr())).collect();
+                let xp = crate::quant_dot::pack_rows(x, m, k);
                 tasks.par_iter().for_each(|&(wi, j0, cols)| {
                     let w = ws[wi];
                     let (b0, b1) = (j0 * nb, (j0 + cols) * nb);
@@ -325,7 +326,7 @@ impl QuantWeight {
                     let mut t = vec![0f32; cols * m];
                     // SAFETY: the CPU has AVX2 and FMA (checked above); the slices hold the
                     // blocks of `cols` whole rows and `t` is `cols * m` long.
-                    unsafe { crate::quant_dot::matmul_blocks(x, m, k, layout, &mut t) };
+                    unsafe { crate::quant_dot::matmul_blocks(xp.as_slice(), m, k, layout, &mut t) };
                     // SAFETY: `outs[wi]` holds at least `m * rows` values (asserted above)
                     // and tasks own disjoint columns `j0..j0 + cols`.
                     unsafe { scatter_columns(&t, m, w.rows, j0, &dst[wi], None) };
