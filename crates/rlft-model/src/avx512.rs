@@ -159,15 +159,22 @@ unsafe fn hsum8(v: &[__m512; 8]) -> __m256 {
 }
 
 /// The AVX-512 twin of `quant_dot::matmul_blocks`, on the same loop (`quant_dot::for_groups`):
-/// `out[c * m + r] = dot(x_r, w_c)` for the weight rows in `w`, each block unpacked into two
+/// `out[r * ld + c] = dot(x_r, w_c)` for the weight rows in `w`, each block unpacked into two
 /// 16-lane registers (same formulas, so the weights are bit-identical to the f32 tensor) used
 /// against up to 8 rows of `x`.
 ///
 /// # Safety
 /// As `quant_dot::matmul_blocks`, and the CPU must have AVX-512F ([`enabled`]).
 #[target_feature(enable = "avx512f,avx2,fma")]
-pub(crate) unsafe fn matmul_blocks(x: &[f32], m: usize, k: usize, w: Layout, out: &mut [f32]) {
-    for_groups(x, m, k, w, out, |g, r| match w {
+pub(crate) unsafe fn matmul_blocks(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: Layout,
+    out: *mut f32,
+    ld: usize,
+) {
+    for_groups(x, m, k, w, out, ld, |g, r| match w {
         Layout::Q4_1 { d, m: mins, qs } => run_rows(g, r, Q4_1 { d, m: mins, qs }),
         Layout::Q8_0 { d, qs } => run_rows(g, r, Q8_0 { d, qs }),
     });
@@ -254,19 +261,15 @@ unsafe fn run<const R: usize, const S: usize>(g: &Group, w: impl Dequant) {
         }
     }
     if R == 8 {
-        let v = hsum8(&std::array::from_fn(|r| sums[r]));
-        let v = if g.accumulate {
-            _mm256_add_ps(v, _mm256_loadu_ps(g.out))
-        } else {
-            v
-        };
-        _mm256_storeu_ps(g.out, v);
+        let mut v = [0f32; 8];
+        _mm256_storeu_ps(v.as_mut_ptr(), hsum8(&std::array::from_fn(|r| sums[r])));
+        for (r, v) in v.into_iter().enumerate() {
+            g.store(r, v);
+        }
         return;
     }
     for (r, s) in sums.iter().enumerate() {
-        let v = hsum(*s);
-        let o = g.out.add(r);
-        *o = if g.accumulate { *o + v } else { v };
+        g.store(r, hsum(*s));
     }
 }
 
@@ -363,13 +366,13 @@ mod tests {
                 let mut out = vec![f32::NAN; cols * m];
                 let xp = crate::quant_dot::pack_rows(&x, m, k);
                 // SAFETY: enabled() checked the CPU; whole blocks of `cols` rows.
-                unsafe { matmul_blocks(xp.as_slice(), m, k, layout, &mut out) };
+                unsafe { matmul_blocks(xp.as_slice(), m, k, layout, out.as_mut_ptr(), cols) };
                 for c in 0..cols {
                     for i in 0..m {
                         let want: f64 = (0..k)
                             .map(|t| x[i * k + t] as f64 * weight(c, t, q4_1) as f64)
                             .sum();
-                        let got = out[c * m + i] as f64;
+                        let got = out[i * cols + c] as f64;
                         let tol = 1e-4 * (1.0 + want.abs());
                         assert!((got - want).abs() < tol, "q4_1 {q4_1} m {m} c {c}");
                     }

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use rlft_gguf::GgmlType;
 
 use crate::decoder::CausalLm;
-use crate::kernels::{by_column_blocks, dot_block, scatter_columns, SendPtr, TILE_COLS};
+use crate::kernels::{by_column_blocks, dot_block, SendPtr, TILE_COLS};
 
 fn blocks_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -323,13 +323,19 @@ impl QuantWeight {
                             qs: &qs[b0 * BLOCK..b1 * BLOCK],
                         },
                     };
-                    let mut t = vec![0f32; cols * m];
                     // SAFETY: the CPU has AVX2 and FMA (checked above); the slices hold the
-                    // blocks of `cols` whole rows and `t` is `cols * m` long.
-                    unsafe { crate::quant_dot::matmul_blocks(xp.as_slice(), m, k, layout, &mut t) };
-                    // SAFETY: `outs[wi]` holds at least `m * rows` values (asserted above)
-                    // and tasks own disjoint columns `j0..j0 + cols`.
-                    unsafe { scatter_columns(&t, m, w.rows, j0, &dst[wi], None) };
+                    // blocks of `cols` whole rows; `outs[wi]` holds `m * rows` values (asserted
+                    // above) and tasks own disjoint columns `j0..j0 + cols` of it.
+                    unsafe {
+                        crate::quant_dot::matmul_blocks(
+                            xp.as_slice(),
+                            m,
+                            k,
+                            layout,
+                            dst[wi].0.add(j0),
+                            w.rows,
+                        )
+                    };
                 });
                 return;
             }

@@ -12,8 +12,8 @@
 //! kernel up to summation order.
 //!
 //! Shapes: `x [m, k]` packed by [`pack_rows`], the blocks of `cols` weight rows of `k` columns
-//! (`k / 32` blocks per row, scales `d` and mins per block), `out [cols, m]` (transposed, as
-//! [`crate::kernels::by_column_blocks`] hands out).
+//! (`k / 32` blocks per row, scales `d` and mins per block), `out [m, cols]` inside a row-major
+//! output of row stride `ld` (a task's columns of the whole product).
 
 use std::arch::x86_64::*;
 
@@ -94,20 +94,29 @@ pub(crate) fn available() -> bool {
     std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
 }
 
-/// `out[c * m + r] = dot(x_r, w_c)` for the `cols = d.len() / (k / 32)` weight rows in `w`,
-/// `x` packed by [`pack_rows`].
+/// `out[r * ld + c] = dot(x_r, w_c)` for the `cols = d.len() / (k / 32)` weight rows in `w`,
+/// `x` packed by [`pack_rows`]: each task writes its columns of the row-major output in place
+/// (no scratch to allocate and copy back).
 ///
 /// # Safety
-/// The CPU must support AVX2 and FMA ([`available`]); `x` holds `m * k` values, `out`
-/// `cols * m`, and `w`'s slices whole blocks of `cols` rows.
+/// The CPU must support AVX2 and FMA ([`available`]); `x` holds `m * k` values, `w`'s slices
+/// whole blocks of `cols` rows, `out[r * ld + c]` is writable for `r < m`, `c < cols`, and no
+/// other thread touches those elements meanwhile.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn matmul_blocks(x: &[f32], m: usize, k: usize, w: Layout, out: &mut [f32]) {
+pub(crate) unsafe fn matmul_blocks(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: Layout,
+    out: *mut f32,
+    ld: usize,
+) {
     if crate::avx512::enabled() {
         // SAFETY: the CPU has AVX-512F (checked by `enabled`); the rest is this function's
         // own contract.
-        return crate::avx512::matmul_blocks(x, m, k, w, out);
+        return crate::avx512::matmul_blocks(x, m, k, w, out, ld);
     }
-    for_groups(x, m, k, w, out, |g, r| match w {
+    for_groups(x, m, k, w, out, ld, |g, r| match w {
         Layout::Q4_1 { d, m: mins, qs } => g.run_rows(r, Q4_1 { d, m: mins, qs }),
         Layout::Q8_0 { d, qs } => g.run_rows(r, Q8_0 { d, qs }),
     });
@@ -122,14 +131,15 @@ pub(crate) fn for_groups(
     m: usize,
     k: usize,
     w: Layout,
-    out: &mut [f32],
+    out: *mut f32,
+    ld: usize,
     mut run: impl FnMut(&Group, usize),
 ) {
     let nb = k / BLOCK;
     let cols = match w {
         Layout::Q4_1 { d, .. } | Layout::Q8_0 { d, .. } => d.len() / nb,
     };
-    assert!(x.len() >= m * k && out.len() >= cols * m && k.is_multiple_of(BLOCK));
+    assert!(x.len() >= m * k && k.is_multiple_of(BLOCK));
     let per_chunk = nb.div_ceil(nb.div_ceil(KC_BLOCKS).max(1));
     let mut b0 = 0;
     while b0 < nb {
@@ -142,7 +152,9 @@ pub(crate) fn for_groups(
                     x: x[i * k + b0 * r * BLOCK..].as_ptr(),
                     first: c * nb + b0,
                     blocks: b1 - b0,
-                    out: out[c * m + i..].as_mut_ptr(),
+                    // Inside the caller's output (`matmul_blocks`' contract).
+                    out: out.wrapping_add(i * ld + c),
+                    ld,
                     accumulate: b0 > 0,
                 };
                 run(&g, r);
@@ -221,8 +233,10 @@ pub(crate) struct Group {
     /// Index of the chunk's first block in the weight's block arrays.
     pub(crate) first: usize,
     pub(crate) blocks: usize,
-    /// `out[r]` receives row `r`'s dot product.
+    /// `out[r * ld]` receives row `r`'s dot product.
     pub(crate) out: *mut f32,
+    /// Row stride of `out`.
+    pub(crate) ld: usize,
     /// Add to `out` (a later chunk) instead of storing.
     pub(crate) accumulate: bool,
 }
@@ -270,20 +284,23 @@ impl Group {
             }
         }
         if R == 8 {
-            let v = hsum8(&sums);
-            let v = if self.accumulate {
-                _mm256_add_ps(v, _mm256_loadu_ps(self.out))
-            } else {
-                v
-            };
-            _mm256_storeu_ps(self.out, v);
+            let mut v = [0f32; 8];
+            _mm256_storeu_ps(v.as_mut_ptr(), hsum8(&sums));
+            for (r, v) in v.into_iter().enumerate() {
+                self.store(r, v);
+            }
         } else {
             for (r, s) in sums.iter().enumerate() {
-                let v = hsum(*s);
-                let o = self.out.add(r);
-                *o = if self.accumulate { *o + v } else { v };
+                self.store(r, hsum(*s));
             }
         }
+    }
+
+    /// Row `r`'s dot product into the output (added to it for a later chunk of `k`).
+    #[inline(always)]
+    pub(crate) unsafe fn store(&self, r: usize, v: f32) {
+        let o = self.out.add(r * self.ld);
+        *o = if self.accumulate { *o + v } else { v };
     }
 }
 
