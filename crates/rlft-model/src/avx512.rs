@@ -43,18 +43,26 @@ const TILE_ROWS: usize = 8;
 /// of up to 8 rows of `x` by 3 weight rows, 24 zmm accumulators.
 ///
 /// # Safety
-/// The CPU must have AVX-512F, AVX2 and FMA ([`enabled`]).
+/// The CPU must have AVX-512F, AVX2 and FMA ([`enabled`]); `out` as in
+/// `kernels::dot_block_into` (element `(i, j)` at `i * rs + j * cs`).
 #[target_feature(enable = "avx512f,avx2,fma")]
-pub(crate) unsafe fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
+pub(crate) unsafe fn dot_block(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    out: (*mut f32, usize, usize),
+) {
     for_tiles(x, m, k, w, out, TILE_ROWS, |nr, nc, t| {
-        let (xp, wp, op, pf, len) = (t.xp, t.wp, t.op, t.pf, t.len);
+        let (xp, wp, pf, len) = (t.xp, t.wp, t.pf, t.len);
+        let o = (t.op, t.rs, t.cs);
         macro_rules! dispatch {
             ($($r:literal),*) => {
                 match (nr, nc) {
                     $(
-                        ($r, 3) => tile::<$r, 3>(xp, wp, k, len, op, m, pf),
-                        ($r, 2) => tile::<$r, 2>(xp, wp, k, len, op, m, pf),
-                        ($r, _) => tile::<$r, 1>(xp, wp, k, len, op, m, pf),
+                        ($r, 3) => tile::<$r, 3>(xp, wp, k, len, o, pf),
+                        ($r, 2) => tile::<$r, 2>(xp, wp, k, len, o, pf),
+                        ($r, _) => tile::<$r, 1>(xp, wp, k, len, o, pf),
                     )*
                     _ => unreachable!("row groups hold 1-{TILE_ROWS} rows"),
                 }
@@ -64,9 +72,9 @@ pub(crate) unsafe fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &m
     })
 }
 
-/// `out[c * m + r] = dot(x_r, w_c)` over the first `len` columns for `R` rows of `x` and `C`
-/// weight rows (both of row stride `k`): 16 lanes over `len / 16 * 16` columns, then the tail
-/// in order. (Accumulating spans are added by `for_tiles`: an `out +=` here made LLVM spill
+/// `out[r * rs + c * cs] = dot(x_r, w_c)` over the first `len` columns for `R` rows of `x`
+/// and `C` weight rows (both of row stride `k`), given `(out, rs, cs)`: 16 lanes over
+/// `len / 16 * 16` columns, then the tail in order. (Accumulating spans are added by `for_tiles`: an `out +=` here made LLVM spill
 /// the accumulators in the FMA loop.)
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
@@ -75,8 +83,7 @@ unsafe fn tile<const R: usize, const C: usize>(
     wp: *const f32,
     k: usize,
     len: usize,
-    out: *mut f32,
-    m: usize,
+    (out, rs, cs): (*mut f32, usize, usize),
     prefetch: *const f32,
 ) {
     let k16 = len / 16 * 16;
@@ -102,11 +109,15 @@ unsafe fn tile<const R: usize, const C: usize>(
         kk += 16;
     }
     if R == 8 && k16 == len {
-        // A column's 8 sums are contiguous in `out`: reduce the 8 registers together.
+        // Reduce a column's 8 registers together.
         #[allow(clippy::needless_range_loop)] // `c` indexes the inner arrays of `acc`
         for c in 0..C {
             let col: [__m512; 8] = std::array::from_fn(|r| acc[r][c]);
-            _mm256_storeu_ps(out.add(c * m), hsum8(&col));
+            let mut v = [0f32; 8];
+            _mm256_storeu_ps(v.as_mut_ptr(), hsum8(&col));
+            for (r, v) in v.into_iter().enumerate() {
+                *out.add(r * rs + c * cs) = v;
+            }
         }
         return;
     }
@@ -116,7 +127,7 @@ unsafe fn tile<const R: usize, const C: usize>(
             for t in k16..len {
                 s += *xp.add(r * k + t) * *wp.add(c * k + t);
             }
-            *out.add(c * m + r) = s;
+            *out.add(r * rs + c * cs) = s;
         }
     }
 }
@@ -304,7 +315,7 @@ mod tests {
             let (x, w) = (data(m * k, 7), data(cols * k, 11));
             let mut out = vec![f32::NAN; cols * m];
             // SAFETY: enabled() checked the CPU; the slices have the sizes asked for.
-            unsafe { dot_block(&x, m, k, &w, &mut out) };
+            unsafe { dot_block(&x, m, k, &w, (out.as_mut_ptr(), 1, m)) };
             for j in 0..cols {
                 for i in 0..m {
                     let want: f64 = (0..k)

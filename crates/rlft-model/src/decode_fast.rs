@@ -214,13 +214,9 @@ fn low_rank_matmul(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut
     if m * n * k >= 1 << 20 {
         return matmul(x, m, k, w, n, out);
     }
-    let mut out_t = vec![0f32; n * m];
-    crate::kernels::dot_block(x, m, k, w, &mut out_t);
-    for (j, col) in out_t.chunks_exact(m).enumerate() {
-        for (i, v) in col.iter().enumerate() {
-            out[i * n + j] = *v;
-        }
-    }
+    assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
+    // SAFETY: `out` holds `[m, n]` row-major (asserted), written by this thread alone.
+    unsafe { crate::kernels::dot_block_into(x, m, k, &w[..n * k], (out.as_mut_ptr(), n, 1)) }
 }
 
 /// RMSNorm of each `width`-sized row: `out = w * x / sqrt(mean(x^2) + eps)`.

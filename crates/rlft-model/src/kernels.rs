@@ -16,11 +16,17 @@ use crate::error::Result;
 pub const SMALL_M: usize = 16;
 
 /// Output columns per parallel task: about 8 tasks per thread (so work stealing evens out a
-/// busy core), at least one register tile wide, at most 256 columns.
+/// busy core), a multiple of 16 (whole 64-byte lines of an output row), at most 256.
+///
+/// Tasks write their columns of the row-major output in place, so where two tasks' columns
+/// met inside a cache line, the two threads wrote that line of every row in turn and it moved
+/// between their cores each time: with 36-column tasks (multiples of the 3-row register tile)
+/// 176 x 576 x 576 ran at 156-175 GFLOP/s on 2 threads (`tile_probe 2`), with 48 at 156-240,
+/// with multiples of 16 at 232-278 (one thread: 138-142).
 pub(crate) fn cols_per_task(n: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let per = n.div_ceil(threads * 8);
-    per.div_ceil(TILE_COLS).clamp(1, 256 / TILE_COLS) * TILE_COLS
+    per.div_ceil(16).clamp(1, 16) * 16
 }
 
 /// Weight rows (output columns) per register tile of the AVX2 kernel.
@@ -42,9 +48,14 @@ pub(crate) struct Tile {
     pub(crate) xp: *const f32,
     /// The tile's first weight row, at the span's first column (row stride `k`).
     pub(crate) wp: *const f32,
-    /// `out[j * m + i]` of the tile's first weight row `j` and row `i` (column stride `m`, the
-    /// rows of `x`), which the tile overwrites.
+    /// The output element of the tile's first row of `x` and first weight row, which the
+    /// tile overwrites with the others at strides [`Self::rs`] (rows of `x`) and
+    /// [`Self::cs`] (weight rows).
     pub(crate) op: *mut f32,
+    /// Output stride between rows of `x`.
+    pub(crate) rs: usize,
+    /// Output stride between weight rows.
+    pub(crate) cs: usize,
     /// An address to prefetch at the same column (maybe past the end), or null.
     pub(crate) pf: *const f32,
     /// Columns of the span (`<= k`, the row stride of `x` and `w`): the dot products run
@@ -67,24 +78,28 @@ pub(crate) struct Tile {
 /// with it.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) fn for_tiles(
+///
+/// # Safety
+/// `out[i * rs + j * cs]` is writable for every row `i < m` of `x` and weight row `j` of `w`,
+/// and no other thread touches those elements meanwhile.
+pub(crate) unsafe fn for_tiles(
     x: &[f32],
     m: usize,
     k: usize,
     w: &[f32],
-    out: &mut [f32],
+    (out, rs, cs): (*mut f32, usize, usize),
     tile_rows: usize,
     mut tile: impl FnMut(usize, usize, &Tile),
 ) {
     let cols = w.len() / k;
-    assert!(x.len() >= m * k && out.len() >= cols * m);
+    assert!(x.len() >= m * k);
     let spans = (tile_rows * k * 4).div_ceil(X_GROUP_BYTES).max(1);
     let span = k.div_ceil(spans).div_ceil(16) * 16;
     // A group of rows fits in L1 over any span (X_GROUP_BYTES / (4 * tile_rows) is a
     // multiple of 16 for the kernels' 4 and 8 rows).
     debug_assert!(tile_rows * span * 4 <= X_GROUP_BYTES);
-    // Spans after the first write here, then add into `out` (an `out += ` inside the
-    // kernels made LLVM spill their accumulators: 25% slower).
+    // Spans after the first write here (`[m, cols]` row-major), then add into `out` (an
+    // `out += ` inside the kernels made LLVM spill their accumulators: 25% slower).
     let mut part = if span < k {
         vec![0f32; cols * m]
     } else {
@@ -93,21 +108,21 @@ pub(crate) fn for_tiles(
     let mut k0 = 0;
     while k0 < k {
         let len = span.min(k - k0);
-        let dst = if k0 == 0 {
-            out.as_mut_ptr()
+        let (dst, drs, dcs) = if k0 == 0 {
+            (out, rs, cs)
         } else {
-            part.as_mut_ptr()
+            (part.as_mut_ptr(), cols, 1)
         };
         // One tile at row `i`, weight row `j`; returns its (rows, weight rows).
         let mut run = |i: usize, j: usize| {
             let (nr, nc) = ((m - i).min(tile_rows), (cols - j).min(TILE_COLS));
             // SAFETY: i < m, j < cols and k0 < k, so the offsets are inside x, w and `dst`
-            // (`out` or `part`, both of at least `cols * m` values: asserted).
+            // (`out`, by this function's contract, or `part`, `cols * m` values).
             let (xp, wp, op) = unsafe {
                 (
                     x.as_ptr().add(i * k + k0),
                     w.as_ptr().add(j * k + k0),
-                    dst.add(j * m + i),
+                    dst.add(i * drs + j * dcs),
                 )
             };
             let pf = if i == 0 {
@@ -119,6 +134,8 @@ pub(crate) fn for_tiles(
                 xp,
                 wp,
                 op,
+                rs: drs,
+                cs: dcs,
                 pf,
                 len,
             };
@@ -149,10 +166,11 @@ pub(crate) fn for_tiles(
             }
         }
         if k0 > 0 {
-            out[..cols * m]
-                .iter_mut()
-                .zip(&part)
-                .for_each(|(o, p)| *o += p);
+            for (i, row) in part.chunks_exact(cols).enumerate() {
+                for (j, p) in row.iter().enumerate() {
+                    *out.add(i * rs + j * cs) += p;
+                }
+            }
         }
         k0 += len;
     }
@@ -206,9 +224,27 @@ pub fn matmul_wt(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    debug_assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
-    by_column_blocks(m, n, bias, out, |j0, cols, chunk| {
-        dot_block(x, m, k, &w[j0 * k..(j0 + cols) * k], chunk)
+    assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
+    assert!(bias.is_none_or(|b| b.len() >= n));
+    let per_task = cols_per_task(n);
+    let dst = SendPtr(out.as_mut_ptr());
+    (0..n.div_ceil(per_task)).into_par_iter().for_each(|blk| {
+        let j0 = blk * per_task;
+        let cols = per_task.min(n - j0);
+        // Each task writes its columns of the row-major `out` in place (no scratch to
+        // allocate, zero and copy back).
+        // SAFETY: `out` holds `m * n` values (asserted) and tasks own disjoint columns.
+        unsafe {
+            let o = dst.get().add(j0);
+            dot_block_into(x, m, k, &w[j0 * k..(j0 + cols) * k], (o, n, 1));
+            if let Some(b) = bias {
+                for i in 0..m {
+                    for (c, b) in b[j0..j0 + cols].iter().enumerate() {
+                        *o.add(i * n + c) += b;
+                    }
+                }
+            }
+        }
     });
 }
 
@@ -231,21 +267,8 @@ pub fn matmul_wt_rows(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &
         .for_each(|(t, o)| {
             let rows = o.len() / n;
             let xs = &x[t * ROWS_PER_TASK * k..(t * ROWS_PER_TASK + rows) * k];
-            // dot_block writes the block transposed, [n, rows].
-            let mut tmp = [0f32; ROWS_PER_TASK * 64];
-            let mut heap = Vec::new();
-            let tr: &mut [f32] = if rows * n <= tmp.len() {
-                &mut tmp[..rows * n]
-            } else {
-                heap.resize(rows * n, 0.0);
-                &mut heap
-            };
-            dot_block(xs, rows, k, &w[..n * k], tr);
-            for (i, row) in o.chunks_exact_mut(n).enumerate() {
-                for (j, v) in row.iter_mut().enumerate() {
-                    *v = tr[j * rows + i];
-                }
-            }
+            // SAFETY: `o` is this task's `[rows, n]` block of `out`, row-major.
+            unsafe { dot_block_into(xs, rows, k, &w[..n * k], (o.as_mut_ptr(), n, 1)) };
         });
 }
 
@@ -280,6 +303,13 @@ pub(crate) struct SendPtr(pub(crate) *mut f32);
 // buffer does.
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// The pointer (a method, so a closure captures the whole `SendPtr`, not its field).
+    pub(crate) fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
 
 /// Copies the transposed columns `t [cols, m]` into columns `j0..j0 + cols` of the row-major
 /// `out [m, n]` behind `dst` (adding `bias[j]` when given).
@@ -326,27 +356,42 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// For each weight row `j` in `w [cols, k]`: `out[j * m + i] = dot(x_i, w_j)`.
 pub(crate) fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
+    assert!(out.len() >= (w.len() / k) * m);
+    // SAFETY: `out` holds an element for every (row, weight row) at strides (1, m).
+    unsafe { dot_block_into(x, m, k, w, (out.as_mut_ptr(), 1, m)) }
+}
+
+/// For each weight row `j` in `w [cols, k]` and row `i` of `x [m, k]`: `out[i * rs + j * cs] =
+/// dot(x_i, w_j)`, given `(out, rs, cs)`.
+///
+/// # Safety
+/// Those elements of `out` are writable and no other thread touches them meanwhile.
+pub(crate) unsafe fn dot_block_into(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: &[f32],
+    out: (*mut f32, usize, usize),
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if crate::avx512::enabled() {
-            // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (checked by `enabled`).
+            // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (checked by `enabled`); `out`
+            // is this function's contract.
             unsafe { crate::avx512::dot_block(x, m, k, w, out) };
             return;
         }
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA (checked above).
+            // SAFETY: the CPU supports AVX2 and FMA (checked above); `out` as above.
             unsafe { avx2::dot_block(x, m, k, w, out) };
             return;
         }
     }
-    dot_block_portable(x, m, k, w, out);
-}
-
-fn dot_block_portable(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
+    let (o, rs, cs) = out;
     for (j, wr) in w.chunks_exact(k).enumerate() {
         for i in 0..m {
             let xr = &x[i * k..(i + 1) * k];
-            out[j * m + i] = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
+            *o.add(i * rs + j * cs) = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
         }
     }
 }
@@ -370,37 +415,48 @@ mod avx2 {
     /// Register tiles of `TILE_ROWS` rows of `x` by `TILE_COLS` weight rows ([`for_tiles`]):
     /// each step loads `TILE_COLS` weight vectors and `TILE_ROWS` x vectors for
     /// `TILE_ROWS * TILE_COLS` FMAs (12 accumulators, 16 registers in all).
+    ///
+    /// # Safety
+    /// As `super::dot_block_into`, and the CPU has AVX2 and FMA.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
+    pub unsafe fn dot_block(
+        x: &[f32],
+        m: usize,
+        k: usize,
+        w: &[f32],
+        out: (*mut f32, usize, usize),
+    ) {
         for_tiles(x, m, k, w, out, TILE_ROWS, |nr, nc, t| {
             let Tile {
                 xp,
                 wp,
                 op,
+                rs,
+                cs,
                 pf,
                 len,
-                ..
             } = *t;
+            let o = (op, rs, cs);
             match (nr, nc) {
-                (4, 3) => tile::<4, 3>(xp, wp, k, len, op, m, pf),
-                (4, 2) => tile::<4, 2>(xp, wp, k, len, op, m, pf),
-                (4, 1) => tile::<4, 1>(xp, wp, k, len, op, m, pf),
-                (3, 3) => tile::<3, 3>(xp, wp, k, len, op, m, pf),
-                (3, 2) => tile::<3, 2>(xp, wp, k, len, op, m, pf),
-                (3, 1) => tile::<3, 1>(xp, wp, k, len, op, m, pf),
-                (2, 3) => tile::<2, 3>(xp, wp, k, len, op, m, pf),
-                (2, 2) => tile::<2, 2>(xp, wp, k, len, op, m, pf),
-                (2, 1) => tile::<2, 1>(xp, wp, k, len, op, m, pf),
-                (1, 3) => tile::<1, 3>(xp, wp, k, len, op, m, pf),
-                (1, 2) => tile::<1, 2>(xp, wp, k, len, op, m, pf),
-                _ => tile::<1, 1>(xp, wp, k, len, op, m, pf),
+                (4, 3) => tile::<4, 3>(xp, wp, k, len, o, pf),
+                (4, 2) => tile::<4, 2>(xp, wp, k, len, o, pf),
+                (4, 1) => tile::<4, 1>(xp, wp, k, len, o, pf),
+                (3, 3) => tile::<3, 3>(xp, wp, k, len, o, pf),
+                (3, 2) => tile::<3, 2>(xp, wp, k, len, o, pf),
+                (3, 1) => tile::<3, 1>(xp, wp, k, len, o, pf),
+                (2, 3) => tile::<2, 3>(xp, wp, k, len, o, pf),
+                (2, 2) => tile::<2, 2>(xp, wp, k, len, o, pf),
+                (2, 1) => tile::<2, 1>(xp, wp, k, len, o, pf),
+                (1, 3) => tile::<1, 3>(xp, wp, k, len, o, pf),
+                (1, 2) => tile::<1, 2>(xp, wp, k, len, o, pf),
+                _ => tile::<1, 1>(xp, wp, k, len, o, pf),
             }
         })
     }
 
-    /// `out[c * m + r] = dot(x_r, w_c)` over the first `len` columns for `R` rows of `x` and
-    /// `C` weight rows (both of row stride `k`); each dot sums 8 lanes, then the `len % 8`
-    /// tail in order.
+    /// `out[r * rs + c * cs] = dot(x_r, w_c)` over the first `len` columns for `R` rows of `x`
+    /// and `C` weight rows (both of row stride `k`), given `(out, rs, cs)`; each dot sums 8
+    /// lanes, then the `len % 8` tail in order.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
     unsafe fn tile<const R: usize, const C: usize>(
@@ -408,8 +464,7 @@ mod avx2 {
         wp: *const f32,
         k: usize,
         len: usize,
-        out: *mut f32,
-        m: usize,
+        (out, rs, cs): (*mut f32, usize, usize),
         prefetch: *const f32,
     ) {
         let k8 = len / 8 * 8;
@@ -440,7 +495,7 @@ mod avx2 {
                 for t in k8..len {
                     s += *xp.add(r * k + t) * *wp.add(c * k + t);
                 }
-                *out.add(c * m + r) = s;
+                *out.add(r * rs + c * cs) = s;
             }
         }
     }
@@ -451,7 +506,7 @@ mod tests {
     use super::*;
 
     /// The row-block kernel against a plain loop: several row blocks and a partial one, a
-    /// `k` with a tail, a rank that fits the stack scratch and one that does not; and each row
+    /// `k` with a tail, a narrow and a wider rank; and each row
     /// bit-identical to computing it alone.
     #[test]
     fn row_blocks_match_a_plain_product() {
@@ -493,7 +548,13 @@ mod tests {
     /// weight tiles outer otherwise), with a bias, against gemm.
     #[test]
     fn prefill_sized_products_match_gemm() {
-        for (m, k, n) in [(40usize, 576usize, 100usize), (177, 64, 31), (35, 1536, 20)] {
+        // The last two cut `k` into spans (AVX-512 at 8 rows of 1536, AVX2 at 4 rows of 2000).
+        for (m, k, n) in [
+            (40usize, 576usize, 100usize),
+            (177, 64, 31),
+            (35, 1536, 20),
+            (9, 2000, 13),
+        ] {
             let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu).unwrap();
             let w = Tensor::randn(0f32, 1.0, (n, k), &Device::Cpu).unwrap();
             let b = Tensor::randn(0f32, 1.0, n, &Device::Cpu).unwrap();

@@ -300,7 +300,9 @@ impl QuantWeight {
                 let threads = rayon::current_num_threads().max(1);
                 let total: usize = ws.iter().map(|w| w.rows).sum();
                 // About 8 tasks per thread over all rows, as `by_column_blocks`.
-                let per = total.div_ceil(threads * 8).clamp(8, 256);
+                // In multiples of 16 columns: tasks then never share a cache line of an
+                // output row (see `kernels::cols_per_task`).
+                let per = total.div_ceil(threads * 8).div_ceil(16).clamp(1, 16) * 16;
                 let mut tasks = Vec::new();
                 for (wi, w) in ws.iter().enumerate() {
                     for j0 in (0..w.rows).step_by(per) {
