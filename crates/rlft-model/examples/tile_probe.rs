@@ -3,6 +3,9 @@
 //!
 //! `cargo run --release -p rlft-model --example tile_probe -- [threads] [reps] [m k n]`
 //! (default: 1 thread, 200 reps, the decode and prefill shapes of SmolLM2-135M).
+//! `ALIGN=<0-60, a multiple of 4>` places `x` and `w` that many bytes past a cache line
+//! (without it they start on one, as the `rlft` binary allocates them): what unaligned
+//! operands cost.
 
 use std::time::Instant;
 
@@ -43,15 +46,15 @@ fn main() {
         let w: Vec<f32> = (0..n * k)
             .map(|i| ((i * 11) % 31) as f32 / 9.0 - 1.5)
             .collect();
-        // ALIGN=<bytes mod 64> places x and w at that offset from a cache line.
-        let off: usize = std::env::var("ALIGN")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(999);
+        // ALIGN=<bytes, a multiple of 4 below 64> places x and w that far past a cache line.
+        let off: Option<usize> = std::env::var("ALIGN").ok().map(|v| {
+            v.parse()
+                .ok()
+                .filter(|o: &usize| *o < 64 && o % 4 == 0)
+                .expect("ALIGN is a multiple of 4 below 64 (bytes past a cache line)")
+        });
         let place = |v: Vec<f32>| -> (Vec<f32>, usize) {
-            if off == 999 {
-                return (v, 0);
-            }
+            let Some(off) = off else { return (v, 0) };
             let mut b = vec![0f32; v.len() + 32];
             let a = b.as_ptr() as usize;
             let s = ((64 - a % 64) % 64 + off) / 4;

@@ -299,7 +299,7 @@ impl QuantWeight {
                 let nb = k / BLOCK;
                 let threads = rayon::current_num_threads().max(1);
                 let total: usize = ws.iter().map(|w| w.rows).sum();
-                // About 8 tasks per thread over all rows, as `by_column_blocks`.
+                // About 8 tasks per thread over all rows, as `kernels::cols_per_task`.
                 // In multiples of 16 columns: tasks then never share a cache line of an
                 // output row (see `kernels::cols_per_task`).
                 let per = total.div_ceil(threads * 8).div_ceil(16).clamp(1, 16) * 16;
