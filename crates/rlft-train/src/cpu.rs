@@ -204,19 +204,58 @@ pub(crate) struct AdamWCoefs {
     pub eps: f32,
 }
 
+/// Elements of a stream the AdamW loop asks for ahead of the one it updates (4 KiB of f32).
+const PREFETCH_AHEAD: usize = 1024;
+
+/// Asks the CPU to bring element `i` of `s` into cache, if `s` has it (a hint: no effect on
+/// results).
+#[inline(always)]
+fn prefetch<T>(s: &[T], i: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if i < s.len() {
+        // SAFETY: a prefetch reads nothing architecturally; the address is inside `s`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                s.as_ptr().add(i).cast::<i8>(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (s, i);
+}
+
+/// One element of the AdamW update: returns the new `(p, m, v)`.
+#[inline(always)]
+fn adamw_one(p: f32, m: f32, v: f32, g: f32, k: &AdamWCoefs) -> (f32, f32, f32) {
+    let mi = m + k.one_minus_beta1 * (g - m);
+    let vi = k.beta2 * v + k.one_minus_beta2 * g * g;
+    let denom = vi.sqrt() * k.inv_bc2_sqrt + k.eps;
+    (p * k.decay - k.step_size * (mi / denom), mi, vi)
+}
+
 simd_fn! {
     /// One AdamW update of f32 parameters `p` with moments `m`, `v` and gradient `g` (all `[n]`).
+    ///
+    /// A cache line (16 elements) of each stream at a time, with the four streams' lines
+    /// [`PREFETCH_AHEAD`] elements on requested first: the update is bound by memory (7 bytes
+    /// moved per 4 read), and this guest's hardware prefetcher keeps few streams ahead.
     fn adamw_chunk<G: Elem>(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[G], k: &AdamWCoefs) {
         let n = p.len();
         let (m, v, g) = (&mut m[..n], &mut v[..n], &g[..n]);
-        for i in 0..n {
-            let gi = g[i].to_f32();
-            let mi = m[i] + k.one_minus_beta1 * (gi - m[i]);
-            let vi = k.beta2 * v[i] + k.one_minus_beta2 * gi * gi;
-            let denom = vi.sqrt() * k.inv_bc2_sqrt + k.eps;
-            m[i] = mi;
-            v[i] = vi;
-            p[i] = p[i] * k.decay - k.step_size * (mi / denom);
+        let mut i0 = 0;
+        while i0 + 16 <= n {
+            let ahead = i0 + PREFETCH_AHEAD;
+            prefetch(p, ahead);
+            prefetch(m, ahead);
+            prefetch(v, ahead);
+            prefetch(g, ahead);
+            for i in i0..i0 + 16 {
+                (p[i], m[i], v[i]) = adamw_one(p[i], m[i], v[i], g[i].to_f32(), k);
+            }
+            i0 += 16;
+        }
+        for i in i0..n {
+            (p[i], m[i], v[i]) = adamw_one(p[i], m[i], v[i], g[i].to_f32(), k);
         }
     }
 }
@@ -234,16 +273,30 @@ simd_fn! {
     ) {
         let n = w.len();
         let (p, m, v, g) = (&mut p[..n], &mut m[..n], &mut v[..n], &g[..n]);
-        for i in 0..n {
-            let gi = g[i].to_f32();
-            let mi = m[i] + k.one_minus_beta1 * (gi - m[i]);
-            let vi = k.beta2 * v[i] + k.one_minus_beta2 * gi * gi;
-            let denom = vi.sqrt() * k.inv_bc2_sqrt + k.eps;
-            m[i] = mi;
-            v[i] = vi;
-            let wi = w[i] * k.decay - k.step_size * (mi / denom);
-            w[i] = wi;
-            p[i] = P::from_f32(wi);
+        macro_rules! one {
+            ($i:expr) => {{
+                let i = $i;
+                let wi;
+                (wi, m[i], v[i]) = adamw_one(w[i], m[i], v[i], g[i].to_f32(), k);
+                w[i] = wi;
+                p[i] = P::from_f32(wi);
+            }};
+        }
+        // As `adamw_chunk`: a line of each stream at a time, the next ones requested ahead.
+        let mut i0 = 0;
+        while i0 + 16 <= n {
+            let ahead = i0 + PREFETCH_AHEAD;
+            prefetch(w, ahead);
+            prefetch(m, ahead);
+            prefetch(v, ahead);
+            prefetch(g, ahead);
+            for i in i0..i0 + 16 {
+                one!(i);
+            }
+            i0 += 16;
+        }
+        for i in i0..n {
+            one!(i);
         }
     }
 }
