@@ -74,8 +74,10 @@ pub(crate) unsafe fn dot_block(
 
 /// `out[r * rs + c * cs] = dot(x_r, w_c)` over the first `len` columns for `R` rows of `x`
 /// and `C` weight rows (both of row stride `k`), given `(out, rs, cs)`: 16 lanes over
-/// `len / 16 * 16` columns, then the tail in order. (Accumulating spans are added by `for_tiles`: an `out +=` here made LLVM spill
-/// the accumulators in the FMA loop.)
+/// `len / 16 * 16` columns, then the tail in order. (Accumulating spans are added by
+/// `for_tiles`: an `out +=` here made LLVM spill the accumulators in the FMA loop; so did a
+/// second store path for contiguous columns. One plain store per result keeps them in
+/// registers.)
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
 unsafe fn tile<const R: usize, const C: usize>(

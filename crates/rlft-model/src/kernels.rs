@@ -20,9 +20,9 @@ pub const SMALL_M: usize = 16;
 ///
 /// Tasks write their columns of the row-major output in place, so where two tasks' columns
 /// met inside a cache line, the two threads wrote that line of every row in turn and it moved
-/// between their cores each time: with 36-column tasks (multiples of the 3-row register tile)
-/// 176 x 576 x 576 ran at 156-175 GFLOP/s on 2 threads (`tile_probe 2`), with 48 at 156-240,
-/// with multiples of 16 at 232-278 (one thread: 138-142).
+/// between their cores each time: with 36-column tasks (multiples of the register tile's 3
+/// weight rows) 176 x 576 x 576 ran at 156-175 GFLOP/s on 2 threads (`tile_probe 2`), with 48
+/// at 156-240, with multiples of 16 at 232-278 (one thread: 138-142).
 pub(crate) fn cols_per_task(n: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let per = n.div_ceil(threads * 8);
@@ -76,12 +76,12 @@ pub(crate) struct Tile {
 /// each of them (176 x 1536 x 576 on one thread, `examples/tile_probe`: 80 -> 119 GFLOP/s).
 /// The spans depend on `k` only, so a row's result does not depend on how many rows came
 /// with it.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
 ///
 /// # Safety
 /// `out[i * rs + j * cs]` is writable for every row `i < m` of `x` and weight row `j` of `w`,
 /// and no other thread touches those elements meanwhile.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
 pub(crate) unsafe fn for_tiles(
     x: &[f32],
     m: usize,

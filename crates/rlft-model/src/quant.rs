@@ -299,9 +299,8 @@ impl QuantWeight {
                 let nb = k / BLOCK;
                 let threads = rayon::current_num_threads().max(1);
                 let total: usize = ws.iter().map(|w| w.rows).sum();
-                // About 8 tasks per thread over all rows, as `kernels::cols_per_task`.
-                // In multiples of 16 columns: tasks then never share a cache line of an
-                // output row (see `kernels::cols_per_task`).
+                // About 8 tasks per thread over all rows, in multiples of 16 columns so no two
+                // tasks share a cache line of an output row (as `kernels::cols_per_task`).
                 let per = total.div_ceil(threads * 8).div_ceil(16).clamp(1, 16) * 16;
                 let mut tasks = Vec::new();
                 for (wi, w) in ws.iter().enumerate() {
