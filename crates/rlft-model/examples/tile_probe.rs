@@ -50,7 +50,7 @@ fn main() {
         let off: Option<usize> = std::env::var("ALIGN").ok().map(|v| {
             v.parse()
                 .ok()
-                .filter(|o: &usize| *o < 64 && o % 4 == 0)
+                .filter(|o: &usize| *o < 64 && o.is_multiple_of(4))
                 .expect("ALIGN is a multiple of 4 below 64 (bytes past a cache line)")
         });
         let place = |v: Vec<f32>| -> (Vec<f32>, usize) {
