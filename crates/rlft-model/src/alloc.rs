@@ -111,6 +111,24 @@ impl CacheLineAlloc {
         raw.wrapping_add(at - raw as usize)
     }
 
+    /// A new block for `layout` from `system` (the system allocator's `alloc` or
+    /// `alloc_zeroed`): as asked when it is not padded, else `PAD` bytes more, placed.
+    ///
+    /// # Safety
+    /// `system` allocates with the system allocator (`GlobalAlloc::alloc`'s contract).
+    unsafe fn new_block(
+        layout: std::alloc::Layout,
+        system: impl FnOnce(std::alloc::Layout) -> *mut u8,
+    ) -> *mut u8 {
+        if !Self::padded(layout) {
+            return system(layout);
+        }
+        match Self::raw_layout(layout.size()) {
+            Some(raw) => Self::place(system(raw)),
+            None => std::ptr::null_mut(),
+        }
+    }
+
     /// The raw block behind a padded pointer.
     ///
     /// # Safety
@@ -127,24 +145,12 @@ impl CacheLineAlloc {
 // is padded depends only on the caller's layout, which `dealloc` and `realloc` receive again.
 unsafe impl std::alloc::GlobalAlloc for CacheLineAlloc {
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        if !Self::padded(layout) {
-            return std::alloc::System.alloc(layout);
-        }
-        match Self::raw_layout(layout.size()) {
-            Some(raw) => Self::place(std::alloc::System.alloc(raw)),
-            None => std::ptr::null_mut(),
-        }
+        Self::new_block(layout, |l| std::alloc::System.alloc(l))
     }
 
     unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
-        if !Self::padded(layout) {
-            return std::alloc::System.alloc_zeroed(layout);
-        }
-        // `calloc`: fresh pages from the system are not written again.
-        match Self::raw_layout(layout.size()) {
-            Some(raw) => Self::place(std::alloc::System.alloc_zeroed(raw)),
-            None => std::ptr::null_mut(),
-        }
+        // `calloc` for padded blocks too: fresh pages from the system are not written again.
+        Self::new_block(layout, |l| std::alloc::System.alloc_zeroed(l))
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {

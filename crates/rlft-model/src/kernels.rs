@@ -224,27 +224,11 @@ pub fn matmul_wt(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
-    assert!(bias.is_none_or(|b| b.len() >= n));
-    let per_task = cols_per_task(n);
-    let dst = SendPtr(out.as_mut_ptr());
-    (0..n.div_ceil(per_task)).into_par_iter().for_each(|blk| {
-        let j0 = blk * per_task;
-        let cols = per_task.min(n - j0);
-        // Each task writes its columns of the row-major `out` in place (no scratch to
-        // allocate, zero and copy back).
-        // SAFETY: `out` holds `m * n` values (asserted) and tasks own disjoint columns.
-        unsafe {
-            let o = dst.get().add(j0);
-            dot_block_into(x, m, k, &w[j0 * k..(j0 + cols) * k], (o, n, 1));
-            if let Some(b) = bias {
-                for i in 0..m {
-                    for (c, b) in b[j0..j0 + cols].iter().enumerate() {
-                        *o.add(i * n + c) += b;
-                    }
-                }
-            }
-        }
+    assert!(x.len() >= m * k && w.len() >= n * k);
+    by_column_blocks(m, n, bias, out, |j0, cols, o| {
+        // SAFETY: `by_column_blocks` hands this task columns `j0..j0 + cols` of `out`
+        // (row stride `n`) at `o`.
+        unsafe { dot_block_into(x, m, k, &w[j0 * k..(j0 + cols) * k], (o, n, 1)) }
     });
 }
 
@@ -273,16 +257,16 @@ pub fn matmul_wt_rows(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &
 }
 
 /// Fills `out [m, n]` (+ `bias [n]`) block of output columns by block, in parallel:
-/// `block(j0, cols, t)` writes columns `j0..j0 + cols` transposed, `t[c * m + i] = out[i][j0 +
-/// c]` (the kernels' layout), and the task copies them into `out` itself ([`scatter_columns`]),
-/// so no serial transpose of the whole `m x n` result follows (393K values a decode step for a
-/// 49K-token head).
+/// `block(j0, cols, o)` writes columns `j0..j0 + cols` of the row-major `out` in place, `o`
+/// pointing at `out[0][j0]` (row stride `n`), and the task then adds their bias. No scratch to
+/// allocate, zero and copy back, and no serial transpose of the whole `m x n` result (393K
+/// values a decode step for a 49K-token head). Tasks cover [`cols_per_task`] columns.
 pub(crate) fn by_column_blocks(
     m: usize,
     n: usize,
     bias: Option<&[f32]>,
     out: &mut [f32],
-    block: impl Fn(usize, usize, &mut [f32]) + Sync,
+    block: impl Fn(usize, usize, *mut f32) + Sync,
 ) {
     assert!(out.len() >= m * n && bias.is_none_or(|b| b.len() >= n));
     let per_task = cols_per_task(n);
@@ -290,10 +274,17 @@ pub(crate) fn by_column_blocks(
     (0..n.div_ceil(per_task)).into_par_iter().for_each(|blk| {
         let j0 = blk * per_task;
         let cols = per_task.min(n - j0);
-        let mut t = vec![0f32; cols * m];
-        block(j0, cols, &mut t);
         // SAFETY: `out` holds `m * n` values (asserted) and tasks own disjoint columns.
-        unsafe { scatter_columns(&t, m, n, j0, &dst, bias) };
+        let o = unsafe { dst.get().add(j0) };
+        block(j0, cols, o);
+        if let Some(b) = bias {
+            for i in 0..m {
+                for (c, b) in b[j0..j0 + cols].iter().enumerate() {
+                    // SAFETY: as above; row `i`, column `j0 + c` of this task.
+                    unsafe { *o.add(i * n + c) += b };
+                }
+            }
+        }
     });
 }
 
@@ -308,42 +299,6 @@ impl SendPtr {
     /// The pointer (a method, so a closure captures the whole `SendPtr`, not its field).
     pub(crate) fn get(&self) -> *mut f32 {
         self.0
-    }
-}
-
-/// Copies the transposed columns `t [cols, m]` into columns `j0..j0 + cols` of the row-major
-/// `out [m, n]` behind `dst` (adding `bias[j]` when given).
-///
-/// # Safety
-/// `dst` points to `m * n` values, `j0 + t.len() / m <= n`, and no other thread writes these
-/// columns meanwhile.
-pub(crate) unsafe fn scatter_columns(
-    t: &[f32],
-    m: usize,
-    n: usize,
-    j0: usize,
-    dst: &SendPtr,
-    bias: Option<&[f32]>,
-) {
-    let cols = t.len() / m;
-    // Row by row: each output row's stretch is written in order, and `t` (a few dozen KiB) is
-    // read across its columns. Column by column instead, the stores walk `out` with a stride
-    // of `n` floats, which for `n = 1536` (6 KiB) maps every row to the same 2 of L1's 64
-    // sets: a 176-row column missed L1 on every store (24% of a 176 x 576 x 1536 product).
-    for i in 0..m {
-        let row = dst.0.add(i * n + j0);
-        match bias {
-            Some(b) => {
-                for c in 0..cols {
-                    *row.add(c) = *t.get_unchecked(c * m + i) + b[j0 + c];
-                }
-            }
-            None => {
-                for c in 0..cols {
-                    *row.add(c) = *t.get_unchecked(c * m + i);
-                }
-            }
-        }
     }
 }
 

@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use rlft_gguf::GgmlType;
 
 use crate::decoder::CausalLm;
-use crate::kernels::{by_column_blocks, dot_block, SendPtr, TILE_COLS};
+use crate::kernels::{by_column_blocks, dot_block_into, SendPtr, TILE_COLS};
 
 fn blocks_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -349,13 +349,15 @@ impl QuantWeight {
     /// [`Self::matmul_wt`] through an f32 scratch tile and the streaming kernel (any CPU).
     fn matmul_wt_tiles(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let (n, k) = (self.rows, self.cols);
-        by_column_blocks(m, n, None, out, |j0, cols, chunk| {
+        by_column_blocks(m, n, None, out, |j0, cols, o| {
             let mut w = vec![0f32; DEQUANT_ROWS * k];
             let mut j = 0;
             while j < cols {
                 let nc = (cols - j).min(DEQUANT_ROWS);
                 self.dequant_rows(j0 + j, nc, &mut w);
-                dot_block(x, m, k, &w[..nc * k], &mut chunk[j * m..(j + nc) * m]);
+                // SAFETY: `o` is this task's columns of `out` (row stride `n`); these are
+                // its columns `j..j + nc`.
+                unsafe { dot_block_into(x, m, k, &w[..nc * k], (o.add(j), n, 1)) };
                 j += nc;
             }
         });
