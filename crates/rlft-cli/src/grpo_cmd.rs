@@ -6,37 +6,20 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use rlft::config::grpo::GrpoConfig;
-use rlft::grpo::eval::{evaluate, sample_reward_parts};
 use rlft::grpo::setup::{eval_prompts, reward_set};
-use rlft::grpo::trainer::eval_settings;
-use rlft::grpo::{prepare, train};
-use rlft::sft::RunOptions;
-use rlft_train::shutdown::ShutdownFlag;
+use rlft::grpo::{eval_settings, prepare, train};
+use rlft::rollout::eval::{evaluate, sample_reward_parts};
 use serde_json::{json, Value};
 
 use crate::common::parse_device;
 use crate::default_model;
+use crate::train_cmd::{self, TrainArgs};
 
 /// `rlft grpo`.
 #[derive(Args, Debug)]
 pub struct GrpoArgs {
-    /// TOML config (TRL `GRPOConfig` names, LightRFT aliases; see the README and
-    /// examples/tiny_python_expr/config.toml).
-    #[arg(long, short = 'c')]
-    pub config: PathBuf,
-    /// Override a config key: `--set num_generations=8 --set lora.r=8` (repeatable).
-    #[arg(long = "set")]
-    pub set: Vec<String>,
-    /// Continue from the latest checkpoint in output_dir.
-    #[arg(long)]
-    pub resume: bool,
-    /// Stop after this many optimiser steps, at the end of the rollout that reaches them (a
-    /// checkpoint is saved; continue with --resume).
-    #[arg(long)]
-    pub stop_after: Option<u64>,
-    /// Device: cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    #[command(flatten)]
+    pub train: TrainArgs,
 }
 
 fn metrics_obj(m: &[(String, f64)]) -> Value {
@@ -49,30 +32,12 @@ fn metrics_obj(m: &[(String, f64)]) -> Value {
 
 /// Runs `rlft grpo`.
 pub fn run(a: GrpoArgs) -> Result<()> {
-    let cfg = GrpoConfig::load(&a.config, &a.set)?;
-    let model = default_model::resolve(&cfg.model)?;
-    let device = parse_device(&a.device)?;
-    let shutdown = ShutdownFlag::install().context("install the Ctrl-C handler")?;
-    let mut prepared = prepare(&cfg, &model, &device)?;
-    let summary = train(
-        &cfg,
-        &mut prepared,
-        &RunOptions {
-            resume: a.resume,
-            stop_after: a.stop_after,
-            shutdown: Some(shutdown),
-            progress: true,
-        },
-    )?;
+    let (cfg, summary): (GrpoConfig, _) = train_cmd::run(&a.train, prepare, train)?;
     if summary.interrupted || summary.final_dir.is_none() {
-        eprintln!(
-            "stopped at step {}: checkpoint saved in {}; continue with --resume",
-            summary.global_step,
-            cfg.output_dir.display()
-        );
+        train_cmd::say_stopped(&cfg, summary.global_step);
     }
     // The report (summary card, dashboard, rollout cases) from what the run wrote.
-    match rlft_report::write_report(&cfg.output_dir) {
+    match rlft_report::write_report(&cfg.args.output_dir) {
         Ok(paths) => eprintln!("report: {}", paths.html.display()),
         Err(e) => eprintln!("warning: no report written: {e}"),
     }
@@ -114,9 +79,9 @@ pub struct EvalArgs {
 pub fn run_eval(a: EvalArgs) -> Result<()> {
     let mut cfg = GrpoConfig::load(&a.config, &a.set)?;
     if let Some(m) = a.model {
-        cfg.model = m;
+        cfg.args.model = m;
     }
-    let model_path = default_model::resolve(&cfg.model)?;
+    let model_path = default_model::resolve(&cfg.args.model)?;
     let device = parse_device(&a.device)?;
     let loaded = rlft_model::load::load_model(
         &model_path,

@@ -11,6 +11,7 @@ mod merge_cmd;
 mod plan_cmd;
 mod report_cmd;
 mod sft_cmd;
+mod train_cmd;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

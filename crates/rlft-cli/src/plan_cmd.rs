@@ -138,7 +138,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let (run, lengths, model_path, meta) = match trainer {
         Trainer::Grpo => {
             let cfg = GrpoConfig::load(&a.config, &a.set)?;
-            let (model_path, meta) = model(&cfg.model)?;
+            let (model_path, meta) = model(&cfg.args.model)?;
             let l = match grpo_lengths(&cfg, &meta.text, !a.worst_case) {
                 Ok(l) => l,
                 Err(e) => {
@@ -157,7 +157,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         }
         Trainer::Sft => {
             let cfg = SftConfig::load(&a.config, &a.set)?;
-            let (model_path, meta) = model(&cfg.model)?;
+            let (model_path, meta) = model(&cfg.args.model)?;
             let l = match sft_lengths(&cfg, &meta.text, !a.worst_case) {
                 Ok(l) => l,
                 Err(e) => {

@@ -1,55 +1,24 @@
 //! `rlft sft --config sft.toml`: supervised fine-tuning.
 
-use std::path::PathBuf;
-
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use rlft::config::sft::SftConfig;
-use rlft::sft::{prepare, summary_json, train, RunOptions};
-use rlft_train::shutdown::ShutdownFlag;
+use rlft::sft::{prepare, summary_json, train};
 
-use crate::common::parse_device;
-use crate::default_model;
+use crate::train_cmd::{self, TrainArgs};
 
 /// `rlft sft`.
 #[derive(Args, Debug)]
 pub struct SftArgs {
-    /// TOML config (TRL `SFTConfig` names; see `rlft sft --help` and the README).
-    #[arg(long, short = 'c')]
-    pub config: PathBuf,
-    /// Override a config key: `--set learning_rate=1e-4 --set lora.r=8` (repeatable).
-    #[arg(long = "set")]
-    pub set: Vec<String>,
-    /// Continue from the latest checkpoint in output_dir.
-    #[arg(long)]
-    pub resume: bool,
-    /// Device: cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    pub device: String,
+    #[command(flatten)]
+    pub train: TrainArgs,
 }
 
 /// Runs `rlft sft`.
 pub fn run(a: SftArgs) -> Result<()> {
-    let cfg = SftConfig::load(&a.config, &a.set)?;
-    let model = default_model::resolve(&cfg.model)?;
-    let device = parse_device(&a.device)?;
-    let shutdown = ShutdownFlag::install().context("install the Ctrl-C handler")?;
-    let mut prepared = prepare(&cfg, &model, &device)?;
-    let summary = train(
-        &cfg,
-        &mut prepared,
-        &RunOptions {
-            resume: a.resume,
-            stop_after: None,
-            shutdown: Some(shutdown),
-            progress: true,
-        },
-    )?;
-    if summary.interrupted {
-        eprintln!(
-            "interrupted: checkpoint saved in {}; continue with --resume",
-            cfg.output_dir.display()
-        );
+    let (cfg, summary): (SftConfig, _) = train_cmd::run(&a.train, prepare, train)?;
+    if summary.interrupted || summary.final_dir.is_none() {
+        train_cmd::say_stopped(&cfg, summary.global_step);
     }
     println!("{}", summary_json(&summary));
     Ok(())

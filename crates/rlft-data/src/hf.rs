@@ -26,7 +26,6 @@ use crate::error::{DataError, Result};
 use crate::features::features_of;
 use crate::to_arrow::dataset_batches;
 use crate::to_json::append_batch;
-use crate::validate::closest_match;
 
 /// The shard name `datasets` uses for a one-shard split.
 const SHARD: &str = "data-00000-of-00001.arrow";
@@ -71,7 +70,7 @@ pub(crate) fn read_dataset_dict(dir: &Path, split: Option<&str>) -> Result<Datas
         });
     };
     if !splits.iter().any(|s| s == split) {
-        let suggestion = closest_match(split, &splits).map(str::to_string);
+        let suggestion = rlft_suggest::closest(split, &splits).map(str::to_string);
         return Err(DataError::UnknownSplit {
             path: dir.to_path_buf(),
             split: split.to_string(),

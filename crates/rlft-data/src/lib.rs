@@ -82,6 +82,4 @@ pub use jsonl::{read_jsonl, write_jsonl};
 pub use load::{detect_format, list_splits, load_dataset, Format};
 pub use parquet_io::{read_parquet, write_parquet};
 pub use split::{train_test_split, TestSize, TrainTest};
-pub use validate::{
-    closest_match, edit_distance, get_path, lookup, require_columns, require_non_empty,
-};
+pub use validate::{get_path, lookup, require_columns, require_non_empty};

@@ -19,7 +19,7 @@ pub fn require_columns(dataset: &Dataset, required: &[&str]) -> Result<()> {
                 source_name: dataset.source_name(),
                 column: column.to_string(),
                 columns: dataset.columns.clone(),
-                suggestion: closest_match(column, &dataset.columns).map(str::to_string),
+                suggestion: rlft_suggest::closest(column, &dataset.columns).map(str::to_string),
             });
         }
     }
@@ -98,33 +98,4 @@ fn walk<'a>(mut current: &'a Value, path: &str) -> std::result::Result<&'a Value
             None => return Ok(next),
         }
     }
-}
-
-/// The candidate closest to `name` by case-insensitive Levenshtein distance, if it is close:
-/// at most max(2, len/3) edits (so "promt" -> "prompt", but not "question" -> "prompt").
-pub fn closest_match<'a>(name: &str, candidates: &'a [String]) -> Option<&'a str> {
-    let lower = name.to_lowercase();
-    let limit = (name.chars().count() / 3).max(2);
-    candidates
-        .iter()
-        .map(|c| (edit_distance(&lower, &c.to_lowercase()), c))
-        .filter(|(d, _)| *d <= limit)
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, c)| c.as_str())
-}
-
-/// Levenshtein distance over chars (insertions, deletions, substitutions each cost 1).
-pub fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    let mut cur = vec![0; b.len() + 1];
-    for (i, ca) in a.chars().enumerate() {
-        cur[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != cb);
-            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        std::mem::swap(&mut prev, &mut cur);
-    }
-    prev[b.len()]
 }

@@ -295,7 +295,7 @@ fn from_map(mut map: Map<String, Value>) -> Result<RewardSpec, String> {
         }
     };
     if !RewardKind::TYPES.contains(&ty.as_str()) {
-        let hint = closest(&ty, &RewardKind::TYPES)
+        let hint = rlft_suggest::closest(&ty, &RewardKind::TYPES)
             .map(|t| format!(" (did you mean `{t}`?)"))
             .unwrap_or_default();
         return Err(format!(
@@ -338,32 +338,6 @@ fn from_map(mut map: Map<String, Value>) -> Result<RewardSpec, String> {
         on_error,
         kind,
     })
-}
-
-/// The candidate closest to `word` by edit distance, if it is close enough to be a typo.
-fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
-    let distance = |a: &str, b: &str| {
-        let b: Vec<char> = b.chars().collect();
-        let mut prev: Vec<usize> = (0..=b.len()).collect();
-        for (i, ca) in a.chars().enumerate() {
-            let mut cur = vec![i + 1];
-            for (j, &cb) in b.iter().enumerate() {
-                cur.push(
-                    (prev[j] + usize::from(ca != cb))
-                        .min(prev[j + 1] + 1)
-                        .min(cur[j] + 1),
-                );
-            }
-            prev = cur;
-        }
-        prev[b.len()]
-    };
-    candidates
-        .iter()
-        .map(|c| (distance(word, c), *c))
-        .min()
-        .filter(|(d, c)| *d <= c.len() / 3 + 1)
-        .map(|(_, c)| c)
 }
 
 /// Validates `spec` and builds its reward function. External processes start lazily, on the

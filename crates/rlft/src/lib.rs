@@ -1,18 +1,28 @@
 //! # rlft: trainers and the data they eat
 //!
-//! Above the model runtime (`rlft-model`), the optimiser and checkpoints (`rlft-train`) and the
-//! dataset readers (`rlft-data`): how dataset rows become token ids and loss masks, and the
-//! trainers built from them.
+//! Above the model runtime (`rlft-model`), the optimiser and checkpoints (`rlft-train`), the
+//! dataset readers (`rlft-data`) and the rewards (`rlft-rewards`):
 //!
-//! - [`sft_data`]: prompt-completion and conversational rows -> `(input_ids, loss_mask)`, loss on
-//!   completion / assistant tokens only, with a length policy that counts what it drops.
-//! - [`config`]: typed TOML configs (TRL names; unknown keys name the closest valid one).
-//! - [`sft`]: the SFT trainer.
+//! - [`config`]: typed TOML configs; [`config::TrainingArgs`] (transformers'
+//!   `TrainingArguments` names) is shared by every algorithm's config, flattened into its TOML.
+//! - [`data`]: dataset rows -> prompts, SFT examples; the resumable data cursor.
+//! - [`algo`]: the pure maths (advantages, clipped policy loss with KL), pinned to TRL.
+//! - [`rollout`]: generation, scoring with the rewards, no-grad log-prob passes, eval; shared by
+//!   the online algorithms.
+//! - [`run`]: the run core every trainer plugs into ([`run::Algorithm`]): loop, optimiser step,
+//!   checkpoints and exact resume, eval cadence, metrics, Ctrl-C, export, summary.
+//! - [`sft`], [`grpo`]: the trainers, each a small [`run::Algorithm`].
 //! - [`plan`]: a run's peak memory, predicted from the config and the model's shape.
+//! - [`error`]: [`TrainerError`], the one error type of the trainers.
 
+pub mod algo;
 pub mod config;
+pub mod data;
+pub mod error;
 pub mod grpo;
 pub mod plan;
+pub mod rollout;
+pub mod run;
 pub mod sft;
-pub mod sft_data;
-pub mod train_setup;
+
+pub use error::TrainerError;

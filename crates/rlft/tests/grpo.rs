@@ -8,7 +8,7 @@ use std::path::Path;
 use candle_core::Device;
 use rlft::config::grpo::GrpoConfig;
 use rlft::grpo::{prepare, train, GrpoSummary};
-use rlft::sft::RunOptions;
+use rlft::run::RunOptions;
 use rlft_model::config::Family;
 use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
 
@@ -71,9 +71,10 @@ pattern = "[a-z]"
 }
 
 fn run(cfg: &GrpoConfig, opts: &RunOptions) -> (GrpoSummary, Vec<(String, Vec<f32>)>) {
-    let mut p = prepare(cfg, Path::new(&cfg.model), &Device::Cpu).unwrap();
+    let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
     let s = train(cfg, &mut p, opts).unwrap();
     let w = p
+        .policy
         .vars
         .iter()
         .map(|(n, v)| {
@@ -135,7 +136,7 @@ fn smoke_run_writes_everything_and_is_deterministic() {
     }
     // The rewards vary within groups, so the update is not trivially zero.
     assert!(metric(&s, 0, "reward_std") > 0.0 && metric(&s, 0, "grad_norm") > 0.0);
-    let out = &cfg.output_dir;
+    let out = &cfg.args.output_dir;
     for f in [
         "metrics.jsonl",
         "samples.jsonl",
@@ -209,7 +210,7 @@ fn resume_equals_uninterrupted() {
     assert_eq!(rest.global_step, 4);
     assert_eq!(max_diff(&w_full, &w_rest), 0.0, "resume is not exact");
     assert_eq!(metric(&full, 3, "loss"), metric(&rest, 1, "loss"));
-    let lines = std::fs::read_to_string(cfg2.output_dir.join("metrics.jsonl")).unwrap();
+    let lines = std::fs::read_to_string(cfg2.args.output_dir.join("metrics.jsonl")).unwrap();
     let steps: Vec<u64> = lines
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -235,7 +236,11 @@ fn lora_with_kl_trains_adapters_only() {
     // Step 1 starts at the base model: KL exactly 0; later steps drift.
     assert_eq!(metric(&s, 0, "kl"), 0.0);
     assert!(metric(&s, 2, "kl") > 0.0);
-    assert!(cfg.output_dir.join("adapter/adapter_config.json").exists());
+    assert!(cfg
+        .args
+        .output_dir
+        .join("adapter/adapter_config.json")
+        .exists());
 }
 
 #[test]
@@ -245,11 +250,11 @@ fn bad_inputs_fail_with_the_fix() {
     // A reward reading a column the data lacks.
     let text = format!(
         "model = \"{}\"\ndataset = \"{}\"\n[[rewards]]\ntype = \"boxed_accuracy\"\nanswer_field = \"solution\"\n",
-        cfg.model,
-        cfg.dataset.display()
+        cfg.args.model,
+        cfg.args.dataset.display()
     );
     let bad = GrpoConfig::from_table(text.parse().unwrap(), "t").unwrap();
-    let e = prepare(&bad, Path::new(&bad.model), &Device::Cpu)
+    let e = prepare(&bad, Path::new(&bad.args.model), &Device::Cpu)
         .err()
         .unwrap()
         .to_string();
@@ -261,11 +266,11 @@ fn bad_inputs_fail_with_the_fix() {
     ] {
         let text = format!(
             "model = \"{}\"\ndataset = \"{}\"\n[[rewards]]\ntype = \"command\"\nname = \"ext\"\ncommand = [\"sh\", \"-c\", \"{script}\"]\ntimeout_s = 5\n",
-            cfg.model,
-            cfg.dataset.display()
+            cfg.args.model,
+            cfg.args.dataset.display()
         );
         let bad = GrpoConfig::from_table(text.parse().unwrap(), "t").unwrap();
-        let e = prepare(&bad, Path::new(&bad.model), &Device::Cpu)
+        let e = prepare(&bad, Path::new(&bad.args.model), &Device::Cpu)
             .err()
             .unwrap()
             .to_string();
@@ -273,7 +278,7 @@ fn bad_inputs_fail_with_the_fix() {
     }
     // The prompt column is missing.
     cfg.prompt_column = "question".into();
-    let e = prepare(&cfg, Path::new(&cfg.model), &Device::Cpu)
+    let e = prepare(&cfg, Path::new(&cfg.args.model), &Device::Cpu)
         .err()
         .unwrap()
         .to_string();

@@ -9,8 +9,8 @@
 //!   training dtype) and f64 (1e-10), the loop version in f64 (1e-10).
 
 use candle_core::{DType, Device, Tensor, Var};
-use rlft::grpo::algo::loop_ref::{advantages_loop, grpo_loss_loop, LoopLossInputs};
-use rlft::grpo::algo::{
+use rlft::algo::loop_ref::{advantages_loop, grpo_loss_loop, LoopLossInputs};
+use rlft::algo::{
     compute_advantages, grpo_loss, AdvantageConfig, LossConfig, LossInputs, LossNormalizer,
     LossStats, LossType, ScaleRewards,
 };

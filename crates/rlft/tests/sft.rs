@@ -5,7 +5,9 @@ use std::path::Path;
 
 use candle_core::Device;
 use rlft::config::sft::SftConfig;
-use rlft::sft::{prepare, train, RunOptions};
+use rlft::config::{LrSchedulerType, ReportTo, TrainingArgs};
+use rlft::run::RunOptions;
+use rlft::sft::{prepare, train};
 use rlft_model::config::Family;
 use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
 
@@ -29,25 +31,29 @@ fn setup(dir: &Path) -> SftConfig {
     let data = dir.join("data.jsonl");
     write_dataset(&data, 40);
     SftConfig {
-        model: model.display().to_string(),
-        output_dir: dir.join("out"),
-        dataset: data,
+        args: TrainingArgs {
+            model: model.display().to_string(),
+            output_dir: dir.join("out"),
+            dataset: data,
+            learning_rate: 3e-3,
+            lr_scheduler_type: LrSchedulerType::Constant,
+            per_device_train_batch_size: 4,
+            max_steps: 12,
+            logging_steps: 1,
+            report_to: vec![ReportTo::Jsonl],
+            ..SftConfig::default().args
+        },
         eval_size: 8.0,
         max_length: 32,
-        learning_rate: 3e-3,
-        lr_scheduler_type: "constant".into(),
-        per_device_train_batch_size: 4,
-        max_steps: 12,
-        logging_steps: 1,
-        report_to: vec!["jsonl".into()],
         ..Default::default()
     }
 }
 
 fn run(cfg: &SftConfig, opts: &RunOptions) -> (rlft::sft::SftSummary, Vec<(String, Vec<f32>)>) {
-    let mut p = prepare(cfg, Path::new(&cfg.model), &Device::Cpu).unwrap();
+    let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
     let s = train(cfg, &mut p, opts).unwrap();
     let w = p
+        .policy
         .vars
         .iter()
         .map(|(n, v)| {
@@ -68,7 +74,7 @@ fn sft_learns_and_writes_outputs() {
     let (first, last) = (s.initial_eval_loss.unwrap(), s.final_eval_loss.unwrap());
     assert!(last < first * 0.8, "eval loss {first} -> {last}");
     assert_eq!(s.global_step, 12);
-    let out = &cfg.output_dir;
+    let out = &cfg.args.output_dir;
     assert!(out.join("metrics.jsonl").exists());
     assert!(out.join("final/model.safetensors").exists());
     assert!(out.join("checkpoint-12/trainer_state.json").exists());
@@ -106,21 +112,21 @@ fn resume_equals_uninterrupted() {
 fn batch_times_accumulation_is_invariant() {
     let a = tempfile::tempdir().unwrap();
     let mut cfg_a = setup(a.path());
-    cfg_a.max_steps = 3;
-    cfg_a.per_device_train_batch_size = 8;
+    cfg_a.args.max_steps = 3;
+    cfg_a.args.per_device_train_batch_size = 8;
     // Adam's first step moves a weight by lr * g / (|g| + eps): for the few elements whose
     // gradient is near eps (1e-8 by default) that ratio turns the rounding differences of a
     // different summation order into visible updates (2 of 4096 q_proj elements moved 7e-5
     // apart at eps 1e-8). An eps well above f32 rounding of the gradients, still below their
     // typical size, compares the gradients themselves through the updated weights.
-    cfg_a.adam_epsilon = 1e-6;
+    cfg_a.args.adam_epsilon = 1e-6;
     let (sa, wa) = run(&cfg_a, &RunOptions::default());
     let b = tempfile::tempdir().unwrap();
     let mut cfg_b = setup(b.path());
-    cfg_b.max_steps = 3;
-    cfg_b.per_device_train_batch_size = 1;
-    cfg_b.gradient_accumulation_steps = 8;
-    cfg_b.adam_epsilon = 1e-6;
+    cfg_b.args.max_steps = 3;
+    cfg_b.args.per_device_train_batch_size = 1;
+    cfg_b.args.gradient_accumulation_steps = 8;
+    cfg_b.args.adam_epsilon = 1e-6;
     let (sb, wb) = run(&cfg_b, &RunOptions::default());
     for (x, y) in sa.train_losses.iter().zip(&sb.train_losses) {
         assert!((x - y).abs() < 1e-5, "{x} vs {y}");
@@ -130,7 +136,7 @@ fn batch_times_accumulation_is_invariant() {
     // normalises noise into updates of up to ~lr * g / (|g| + eps), of either sign. Any change
     // in summation order (kernels, batch split) moves it, so the only sound bound is Adam's
     // step bound: at most 2 * lr apart per step.
-    let tol = 2.0 * cfg_a.max_steps as f32 * cfg_a.learning_rate as f32;
+    let tol = 2.0 * cfg_a.args.max_steps as f32 * cfg_a.args.learning_rate as f32;
     assert_same_weights(&wa, &wb, tol, "batch x accumulation");
 }
 
@@ -161,9 +167,9 @@ fn assert_same_weights(
 fn lora_trains_adapters_only() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = setup(dir.path());
-    cfg.use_peft = true;
-    cfg.lora.r = 4;
-    cfg.learning_rate = 1e-2;
+    cfg.args.use_peft = true;
+    cfg.args.lora.r = 4;
+    cfg.args.learning_rate = 1e-2;
     let (s, w) = run(&cfg, &RunOptions::default());
     assert!(
         w.iter().all(|(n, _)| n.contains("lora_")),
@@ -171,8 +177,12 @@ fn lora_trains_adapters_only() {
         w.iter().map(|x| &x.0).collect::<Vec<_>>()
     );
     assert!(s.final_eval_loss.unwrap() < s.initial_eval_loss.unwrap());
-    assert!(cfg.output_dir.join("adapter/adapter_config.json").exists());
-    assert!(cfg.output_dir.join("final/model.safetensors").exists());
+    assert!(cfg
+        .args
+        .output_dir
+        .join("adapter/adapter_config.json")
+        .exists());
+    assert!(cfg.args.output_dir.join("final/model.safetensors").exists());
 }
 
 #[test]
@@ -181,12 +191,12 @@ fn gradient_checkpointing_equals_keeping_activations() {
     for lora in [false, true] {
         let cfg = |dir: &Path, ckpt: bool| {
             let mut cfg = setup(dir);
-            cfg.max_steps = 3;
-            cfg.gradient_checkpointing = ckpt;
+            cfg.args.max_steps = 3;
+            cfg.args.gradient_checkpointing = ckpt;
             if lora {
-                cfg.use_peft = true;
-                cfg.lora.r = 4;
-                cfg.lora.lora_dropout = 0.1;
+                cfg.args.use_peft = true;
+                cfg.args.lora.r = 4;
+                cfg.args.lora.lora_dropout = 0.1;
             }
             cfg
         };
@@ -197,7 +207,7 @@ fn gradient_checkpointing_equals_keeping_activations() {
         for (x, y) in sa.train_losses.iter().zip(&sb.train_losses) {
             assert!((x - y).abs() < 1e-5, "lora {lora}: {x} vs {y}");
         }
-        let tol = 2.0 * 3.0 * cfg_a.learning_rate as f32;
+        let tol = 2.0 * 3.0 * cfg_a.args.learning_rate as f32;
         assert_same_weights(&wa, &wb, tol, &format!("checkpointing, lora {lora}"));
     }
 }
@@ -206,10 +216,10 @@ fn gradient_checkpointing_equals_keeping_activations() {
 fn lora_with_dropout_resumes_exactly() {
     let lora = |dir: &Path| {
         let mut cfg = setup(dir);
-        cfg.use_peft = true;
-        cfg.lora.r = 4;
-        cfg.lora.lora_dropout = 0.1;
-        cfg.max_steps = 6;
+        cfg.args.use_peft = true;
+        cfg.args.lora.r = 4;
+        cfg.args.lora.lora_dropout = 0.1;
+        cfg.args.max_steps = 6;
         cfg
     };
     let a = tempfile::tempdir().unwrap();
@@ -237,15 +247,19 @@ fn lora_with_dropout_resumes_exactly() {
 fn bad_data_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = setup(dir.path());
-    std::fs::write(&cfg.dataset, "{\"question\": \"x\", \"answer\": \"y\"}\n").unwrap();
+    std::fs::write(
+        &cfg.args.dataset,
+        "{\"question\": \"x\", \"answer\": \"y\"}\n",
+    )
+    .unwrap();
     cfg.eval_size = 0.0;
-    let e = prepare(&cfg, Path::new(&cfg.model), &Device::Cpu)
+    let e = prepare(&cfg, Path::new(&cfg.args.model), &Device::Cpu)
         .err()
         .unwrap()
         .to_string();
     assert!(e.contains("question") && e.contains("completion"), "{e}");
-    std::fs::write(&cfg.dataset, "").unwrap();
-    let e = prepare(&cfg, Path::new(&cfg.model), &Device::Cpu)
+    std::fs::write(&cfg.args.dataset, "").unwrap();
+    let e = prepare(&cfg, Path::new(&cfg.args.model), &Device::Cpu)
         .err()
         .unwrap()
         .to_string();
@@ -256,10 +270,11 @@ fn bad_data_is_reported() {
 fn non_finite_loss_skips_the_step_and_counts_it() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = setup(dir.path());
-    cfg.max_steps = 3;
-    let mut p = prepare(&cfg, Path::new(&cfg.model), &Device::Cpu).unwrap();
+    cfg.args.max_steps = 3;
+    let mut p = prepare(&cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
     // Poison one weight: every forward gives a NaN loss.
     let (name, var) = p
+        .policy
         .vars
         .iter()
         .find(|(n, _)| n.contains("embed_tokens"))
@@ -268,6 +283,7 @@ fn non_finite_loss_skips_the_step_and_counts_it() {
     let poisoned = (var.as_tensor() * f64::NAN).unwrap();
     var.set(&poisoned).unwrap();
     let before: Vec<Vec<f32>> = p
+        .policy
         .vars
         .iter()
         .map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
@@ -279,6 +295,7 @@ fn non_finite_loss_skips_the_step_and_counts_it() {
         "every step is skipped and counted ({name})"
     );
     let after: Vec<Vec<f32>> = p
+        .policy
         .vars
         .iter()
         .map(|(_, v)| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
@@ -287,6 +304,6 @@ fn non_finite_loss_skips_the_step_and_counts_it() {
     for (a, b) in before.iter().zip(&after) {
         assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()));
     }
-    let log = std::fs::read_to_string(cfg.output_dir.join("metrics.jsonl")).unwrap();
+    let log = std::fs::read_to_string(cfg.args.output_dir.join("metrics.jsonl")).unwrap();
     assert!(log.contains("\"skipped_steps\":3"), "{log}");
 }

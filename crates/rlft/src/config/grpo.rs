@@ -19,39 +19,41 @@
 //! `generate_max_len` = `max_prompt_length` / `max_completion_length`; `actor_learning_rate` =
 //! `learning_rate`; `num_episodes` = `num_train_epochs`; `max_epochs` = `num_iterations`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use rlft_rewards::RewardSpec;
 use serde::{Deserialize, Serialize};
 
-use super::sft::{LoraSettings, LORA_KEYS};
-use super::{apply_overrides, check_keys, read_table, ConfigError};
-use crate::grpo::algo::{LossType, ScaleRewards};
+use super::args::TrainingArgs;
+use super::{ConfigError, TrainerConfig};
+use crate::algo::{LossType, ScaleRewards};
+use crate::data::LengthPolicy;
+
+/// How eval completions are decoded (`eval_decoding`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvalDecoding {
+    /// Greedy: the model's most likely answer.
+    #[default]
+    Greedy,
+    /// pass@1 with the rollout sampling settings.
+    Sampled,
+}
 
 /// GRPO config.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct GrpoConfig {
-    /// Model: an HF directory, a .gguf file, or "default" (the embedded SmolLM2-135M-Instruct).
-    pub model: String,
-    /// Where checkpoints, metrics, samples, the final model and the report go.
-    pub output_dir: PathBuf,
-    /// Prompts: JSONL, Parquet, or an HF `save_to_disk` directory (Dataset or DatasetDict).
-    pub dataset: PathBuf,
-    /// Split to train on when `dataset` is a DatasetDict.
-    pub dataset_split: String,
-    /// Eval prompts (same formats); when unset, `dataset`'s `eval_split` is used if it exists.
-    pub eval_dataset: Option<PathBuf>,
-    /// Eval split ("test" by default when the DatasetDict has it).
-    pub eval_split: Option<String>,
+    /// Model, data, optimiser, batch, cadence, LoRA: the keys every trainer shares
+    /// (`per_device_train_batch_size` counts completions).
+    #[serde(flatten)]
+    pub args: TrainingArgs,
     /// Column holding the prompt: a string (sent as one user message) or a list of messages.
     pub prompt_column: String,
-    /// System message put first in conversations that have none.
-    pub system_prompt: Option<String>,
     /// Longest prompt in tokens (after the chat template).
     pub max_prompt_length: usize,
     /// Longer prompts: "drop" or "truncate" (keeps the last tokens); both counted and reported.
-    pub prompt_truncation: String,
+    pub prompt_truncation: LengthPolicy,
     /// Most new tokens per completion; a completion that reaches it is "truncated".
     pub max_completion_length: usize,
     /// Completions per prompt (the group size G).
@@ -68,34 +70,6 @@ pub struct GrpoConfig {
     pub min_p: f64,
     /// Repetition penalty of the rollouts (1.0 = off).
     pub repetition_penalty: f64,
-    /// Peak learning rate.
-    pub learning_rate: f64,
-    /// "constant", "linear", "cosine" or "cosine_with_min_lr".
-    pub lr_scheduler_type: String,
-    /// Final LR as a fraction of the peak, for cosine_with_min_lr.
-    pub min_lr_rate: f64,
-    /// Warmup as a fraction of the total steps.
-    pub warmup_ratio: f64,
-    /// Warmup in steps (wins over warmup_ratio when > 0).
-    pub warmup_steps: usize,
-    /// Decoupled weight decay (biases and norms are not decayed).
-    pub weight_decay: f64,
-    /// AdamW beta1.
-    pub adam_beta1: f64,
-    /// AdamW beta2.
-    pub adam_beta2: f64,
-    /// AdamW epsilon.
-    pub adam_epsilon: f64,
-    /// Global gradient-norm clip (0 = off).
-    pub max_grad_norm: f64,
-    /// Completions per micro-batch (forward+backward at once).
-    pub per_device_train_batch_size: usize,
-    /// Micro-batches per optimiser step.
-    pub gradient_accumulation_steps: usize,
-    /// Passes over the prompts (when max_steps is 0).
-    pub num_train_epochs: f64,
-    /// Optimiser steps to run; 0 = derive from num_train_epochs.
-    pub max_steps: usize,
     /// KL coefficient (k3 estimator, in the loss); 0 skips the reference model entirely.
     pub beta: f64,
     /// Lower clip range of the importance ratio (1 - epsilon).
@@ -123,35 +97,12 @@ pub struct GrpoConfig {
     /// values (policy, old and reference passes); same log-probs and gradients as recomputing
     /// the prompt per completion, fewer tokens. false = the plain rows (for comparison).
     pub share_prompts: bool,
-    /// Seed of sampling, shuffling and LoRA initialisation/dropout.
-    pub seed: u64,
-    /// bf16 weights/activations with f32 master weights (f32 stays the default on CPU).
-    pub bf16: bool,
-    /// Keep only each decoder layer's input during the training forward and recompute the
-    /// layer in the backward (transformers' `gradient_checkpointing`): much less activation
-    /// memory for about one more forward pass of compute. `rlft plan` shows the saving.
-    pub gradient_checkpointing: bool,
-    /// Train LoRA adapters instead of all weights (the reference model is then the base with
-    /// adapters off: no second copy).
-    pub use_peft: bool,
-    /// LoRA settings (used when use_peft).
-    pub lora: LoraSettings,
-    /// Log metrics every this many steps (samples go to samples.jsonl at the same cadence).
-    pub logging_steps: usize,
     /// Completions written to samples.jsonl per logging step.
     pub num_completions_to_log: usize,
-    /// Evaluate on the eval split every this many steps (0 = before and after training only).
-    pub eval_steps: usize,
     /// Eval decoding: "greedy" or "sampled" (pass@1 with the rollout sampling settings).
-    pub eval_decoding: String,
+    pub eval_decoding: EvalDecoding,
     /// Evaluate at most this many eval prompts (0 = all).
     pub eval_max_prompts: usize,
-    /// Save a checkpoint every this many steps (0 = only at the end).
-    pub save_steps: usize,
-    /// Keep at most this many checkpoints (0 = all).
-    pub save_total_limit: usize,
-    /// Metric sinks: "jsonl", "tensorboard".
-    pub report_to: Vec<String>,
     /// Warn when the mean k3 KL exceeds this.
     pub kl_warning_threshold: f64,
     /// Warn when this many consecutive steps have reward_std near 0.
@@ -163,16 +114,16 @@ pub struct GrpoConfig {
 impl Default for GrpoConfig {
     fn default() -> Self {
         GrpoConfig {
-            model: "default".into(),
-            output_dir: PathBuf::from("artifacts/grpo"),
-            dataset: PathBuf::new(),
-            dataset_split: "train".into(),
-            eval_dataset: None,
-            eval_split: None,
+            args: TrainingArgs {
+                output_dir: PathBuf::from("artifacts/grpo"),
+                learning_rate: 1e-6,
+                num_train_epochs: 1.0,
+                logging_steps: 1,
+                ..TrainingArgs::default()
+            },
             prompt_column: "prompt".into(),
-            system_prompt: None,
             max_prompt_length: 512,
-            prompt_truncation: "drop".into(),
+            prompt_truncation: LengthPolicy::Drop,
             max_completion_length: 256,
             num_generations: 8,
             generation_batch_size: 0,
@@ -181,20 +132,6 @@ impl Default for GrpoConfig {
             top_k: 0,
             min_p: 0.0,
             repetition_penalty: 1.0,
-            learning_rate: 1e-6,
-            lr_scheduler_type: "linear".into(),
-            min_lr_rate: 0.0,
-            warmup_ratio: 0.0,
-            warmup_steps: 0,
-            weight_decay: 0.0,
-            adam_beta1: 0.9,
-            adam_beta2: 0.999,
-            adam_epsilon: 1e-8,
-            max_grad_norm: 1.0,
-            per_device_train_batch_size: 8,
-            gradient_accumulation_steps: 1,
-            num_train_epochs: 1.0,
-            max_steps: 0,
             beta: 0.0,
             epsilon: 0.2,
             epsilon_high: None,
@@ -206,19 +143,9 @@ impl Default for GrpoConfig {
             reward_weights: None,
             mask_truncated_completions: false,
             share_prompts: true,
-            seed: 42,
-            bf16: false,
-            gradient_checkpointing: false,
-            use_peft: false,
-            lora: LoraSettings::default(),
-            logging_steps: 1,
             num_completions_to_log: 4,
-            eval_steps: 0,
-            eval_decoding: "greedy".into(),
+            eval_decoding: EvalDecoding::Greedy,
             eval_max_prompts: 0,
-            save_steps: 0,
-            save_total_limit: 0,
-            report_to: vec!["jsonl".into(), "tensorboard".into()],
             kl_warning_threshold: 1.0,
             zero_std_warning_steps: 5,
             rewards: Vec::new(),
@@ -226,16 +153,9 @@ impl Default for GrpoConfig {
     }
 }
 
-/// Top-level keys of [`GrpoConfig`].
+/// The GRPO keys besides [`super::TRAINING_KEYS`].
 pub const GRPO_KEYS: &[&str] = &[
-    "model",
-    "output_dir",
-    "dataset",
-    "dataset_split",
-    "eval_dataset",
-    "eval_split",
     "prompt_column",
-    "system_prompt",
     "max_prompt_length",
     "prompt_truncation",
     "max_completion_length",
@@ -246,20 +166,6 @@ pub const GRPO_KEYS: &[&str] = &[
     "top_k",
     "min_p",
     "repetition_penalty",
-    "learning_rate",
-    "lr_scheduler_type",
-    "min_lr_rate",
-    "warmup_ratio",
-    "warmup_steps",
-    "weight_decay",
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-    "max_grad_norm",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "num_train_epochs",
-    "max_steps",
     "beta",
     "epsilon",
     "epsilon_high",
@@ -271,19 +177,9 @@ pub const GRPO_KEYS: &[&str] = &[
     "reward_weights",
     "mask_truncated_completions",
     "share_prompts",
-    "seed",
-    "bf16",
-    "gradient_checkpointing",
-    "use_peft",
-    "lora",
-    "logging_steps",
     "num_completions_to_log",
-    "eval_steps",
     "eval_decoding",
     "eval_max_prompts",
-    "save_steps",
-    "save_total_limit",
-    "report_to",
     "kl_warning_threshold",
     "zero_std_warning_steps",
     "rewards",
@@ -373,9 +269,10 @@ fn resolve_aliases(table: &mut toml::Table) -> Result<(), ConfigError> {
             ))),
         }
     };
-    let g = int(table, "num_generations")?.unwrap_or(GrpoConfig::default().num_generations);
+    let defaults = GrpoConfig::default();
+    let g = int(table, "num_generations")?.unwrap_or(defaults.num_generations);
     let micro = int(table, "per_device_train_batch_size")?
-        .unwrap_or(GrpoConfig::default().per_device_train_batch_size);
+        .unwrap_or(defaults.args.per_device_train_batch_size);
     if let Some(prompts) = int(table, "rollout_batch_size")? {
         if table.contains_key("generation_batch_size") {
             return Err(ConfigError::Invalid(
@@ -415,34 +312,48 @@ fn resolve_aliases(table: &mut toml::Table) -> Result<(), ConfigError> {
 }
 
 impl GrpoConfig {
-    /// Reads `path`, applies `key=value` overrides, resolves aliases, checks keys and values.
-    pub fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        let mut table = read_table(path)?;
-        apply_overrides(&mut table, overrides)?;
-        Self::from_table(table, &path.display().to_string())
+    /// Reads `path`, applies `key=value` overrides, checks keys and values
+    /// ([`TrainerConfig::load`]).
+    pub fn load(path: &std::path::Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        <Self as TrainerConfig>::load(path, overrides)
     }
 
-    /// Builds from a parsed TOML table (`origin` names it in errors).
-    pub fn from_table(mut table: toml::Table, origin: &str) -> Result<Self, ConfigError> {
-        let mut valid: Vec<&str> = GRPO_KEYS.to_vec();
-        valid.extend(ALIASES.iter().map(|a| a.0));
-        valid.extend(DERIVED_ALIASES);
-        check_keys(&table, "", &valid, &[("lora", LORA_KEYS)])?;
-        resolve_aliases(&mut table)?;
-        let cfg: GrpoConfig =
-            toml::Value::Table(table)
-                .try_into()
-                .map_err(|e: toml::de::Error| ConfigError::Parse {
-                    path: origin.to_string(),
-                    msg: e.to_string(),
-                })?;
-        cfg.validate()?;
-        Ok(cfg)
+    /// Builds from a parsed TOML table ([`TrainerConfig::from_table`]).
+    pub fn from_table(table: toml::Table, origin: &str) -> Result<Self, ConfigError> {
+        <Self as TrainerConfig>::from_table(table, origin)
+    }
+}
+
+impl TrainerConfig for GrpoConfig {
+    const KEYS: &'static [&'static str] = GRPO_KEYS;
+
+    fn args(&self) -> &TrainingArgs {
+        &self.args
     }
 
+    fn args_mut(&mut self) -> &mut TrainingArgs {
+        &mut self.args
+    }
+
+    fn alias_keys() -> Vec<&'static str> {
+        let mut keys: Vec<&str> = ALIASES.iter().map(|a| a.0).collect();
+        keys.extend(DERIVED_ALIASES);
+        keys
+    }
+
+    fn resolve_aliases(table: &mut toml::Table) -> Result<(), ConfigError> {
+        resolve_aliases(table)
+    }
+
+    fn validate_own(&self) -> Result<(), ConfigError> {
+        self.check()
+    }
+}
+
+impl GrpoConfig {
     /// Completions per optimiser step.
     pub fn train_batch(&self) -> usize {
-        self.per_device_train_batch_size * self.gradient_accumulation_steps
+        self.args.train_batch()
     }
 
     /// Completions per rollout.
@@ -465,11 +376,12 @@ impl GrpoConfig {
         let rollout_completions = self.rollout_completions();
         let rollout_prompts = rollout_completions / self.num_generations;
         let steps_per_rollout = rollout_completions / train_batch * self.num_iterations;
-        let (rollouts, total_steps) = if self.max_steps > 0 {
-            (self.max_steps.div_ceil(steps_per_rollout), self.max_steps)
+        let (rollouts, total_steps) = if self.args.max_steps > 0 {
+            let m = self.args.max_steps;
+            (m.div_ceil(steps_per_rollout), m)
         } else {
             let per_epoch = num_prompts as f64 / rollout_prompts as f64;
-            let r = (per_epoch * self.num_train_epochs).ceil().max(1.0) as usize;
+            let r = (per_epoch * self.args.num_train_epochs).ceil().max(1.0) as usize;
             (r, r * steps_per_rollout)
         };
         BatchPlan {
@@ -482,12 +394,10 @@ impl GrpoConfig {
         }
     }
 
-    /// Range and consistency checks; each error says how to fix it.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    /// The GRPO checks (the shared ones are [`TrainingArgs::validate`]); each error says how to
+    /// fix it.
+    fn check(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if self.dataset.as_os_str().is_empty() {
-            return bad("`dataset` is required: a JSONL, Parquet or HF save_to_disk path".into());
-        }
         if self.rewards.is_empty() {
             return bad(
                 "no reward functions: add at least one [[rewards]] table, e.g.\n  [[rewards]]\n  \
@@ -505,76 +415,15 @@ impl GrpoConfig {
                 ));
             }
         }
-        if !(self.learning_rate > 0.0 && self.learning_rate.is_finite()) {
-            return bad(format!(
-                "learning_rate must be > 0 (got {})",
-                self.learning_rate
-            ));
-        }
-        for (name, v) in [
-            ("adam_beta1", self.adam_beta1),
-            ("adam_beta2", self.adam_beta2),
-        ] {
-            if !(0.0..1.0).contains(&v) {
-                return bad(format!("{name} must be in [0, 1) (got {v})"));
-            }
-        }
-        if self.per_device_train_batch_size == 0 || self.gradient_accumulation_steps == 0 {
-            return bad(
-                "per_device_train_batch_size and gradient_accumulation_steps must be >= 1".into(),
-            );
-        }
         if self.num_generations < 2 {
             return bad(format!(
                 "num_generations must be >= 2 (got {}): GRPO compares completions within a group",
                 self.num_generations
             ));
         }
-        let (train, rollout, g) = (
-            self.train_batch(),
-            self.rollout_completions(),
-            self.num_generations,
-        );
-        if rollout % g != 0 {
-            return bad(format!(
-                "the rollout of {rollout} completions ({}) is not a multiple of num_generations \
-                 = {g}: {rollout} % {g} = {}; use a rollout of {} or {} completions, or \
-                 num_generations that divides {rollout}",
-                if self.generation_batch_size == 0 {
-                    format!(
-                        "per_device_train_batch_size {} x gradient_accumulation_steps {}",
-                        self.per_device_train_batch_size, self.gradient_accumulation_steps
-                    )
-                } else {
-                    "generation_batch_size".into()
-                },
-                rollout % g,
-                (rollout / g).max(1) * g,
-                (rollout / g + 1) * g
-            ));
-        }
-        if rollout % train != 0 {
-            return bad(format!(
-                "generation_batch_size {rollout} is not a multiple of the train batch {train} \
-                 (per_device_train_batch_size x gradient_accumulation_steps); use {} or {}",
-                (rollout / train).max(1) * train,
-                (rollout / train + 1) * train
-            ));
-        }
+        self.check_batches()?;
         if self.max_prompt_length == 0 || self.max_completion_length == 0 {
             return bad("max_prompt_length and max_completion_length must be >= 1".into());
-        }
-        if !matches!(self.prompt_truncation.as_str(), "drop" | "truncate") {
-            return bad(format!(
-                "prompt_truncation must be \"drop\" or \"truncate\" (got {:?})",
-                self.prompt_truncation
-            ));
-        }
-        if !matches!(self.eval_decoding.as_str(), "greedy" | "sampled") {
-            return bad(format!(
-                "eval_decoding must be \"greedy\" or \"sampled\" (got {:?})",
-                self.eval_decoding
-            ));
         }
         if self.temperature.is_nan() || self.temperature <= 0.0 {
             return bad(format!(
@@ -600,42 +449,43 @@ impl GrpoConfig {
         if self.advantage_epsilon < 0.0 || self.advantage_clip < 0.0 {
             return bad("advantage_epsilon and advantage_clip must be >= 0".into());
         }
-        if !(0.0..1.0).contains(&self.warmup_ratio) {
+        Ok(())
+    }
+
+    /// The rollout must be a whole number of groups and of train batches.
+    fn check_batches(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        let (train, rollout, g) = (
+            self.train_batch(),
+            self.rollout_completions(),
+            self.num_generations,
+        );
+        if rollout % g != 0 {
             return bad(format!(
-                "warmup_ratio must be in [0, 1) (got {})",
-                self.warmup_ratio
+                "the rollout of {rollout} completions ({}) is not a multiple of num_generations \
+                 = {g}: {rollout} % {g} = {}; use a rollout of {} or {} completions, or \
+                 num_generations that divides {rollout}",
+                if self.generation_batch_size == 0 {
+                    format!(
+                        "per_device_train_batch_size {} x gradient_accumulation_steps {}",
+                        self.args.per_device_train_batch_size,
+                        self.args.gradient_accumulation_steps
+                    )
+                } else {
+                    "generation_batch_size".into()
+                },
+                rollout % g,
+                (rollout / g).max(1) * g,
+                (rollout / g + 1) * g
             ));
         }
-        if self.max_steps == 0 && self.num_train_epochs <= 0.0 {
-            return bad("set max_steps > 0 or num_train_epochs > 0".into());
-        }
-        if self.use_peft && self.lora.r == 0 {
-            return bad("lora.r must be >= 1".into());
-        }
-        if !matches!(
-            self.lr_scheduler_type.as_str(),
-            "constant" | "constant_with_warmup" | "linear" | "cosine" | "cosine_with_min_lr"
-        ) {
+        if rollout % train != 0 {
             return bad(format!(
-                "lr_scheduler_type {:?} is unknown; use \"constant\", \"linear\", \"cosine\" or \"cosine_with_min_lr\" (with min_lr_rate)",
-                self.lr_scheduler_type
+                "generation_batch_size {rollout} is not a multiple of the train batch {train} \
+                 (per_device_train_batch_size x gradient_accumulation_steps); use {} or {}",
+                (rollout / train).max(1) * train,
+                (rollout / train + 1) * train
             ));
-        }
-        if !(0.0..=1.0).contains(&self.min_lr_rate) {
-            return bad(format!(
-                "min_lr_rate must be in [0, 1] (got {})",
-                self.min_lr_rate
-            ));
-        }
-        if self.logging_steps == 0 {
-            return bad("logging_steps must be >= 1".into());
-        }
-        for r in &self.report_to {
-            if !matches!(r.as_str(), "jsonl" | "tensorboard") {
-                return bad(format!(
-                    "report_to entry {r:?} is unknown; use \"jsonl\" and/or \"tensorboard\""
-                ));
-            }
         }
         Ok(())
     }
@@ -644,6 +494,7 @@ impl GrpoConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::TRAINING_KEYS;
 
     const BASE: &str = "dataset = \"d.jsonl\"\n[[rewards]]\ntype = \"boxed_accuracy\"\n";
 
@@ -655,19 +506,22 @@ mod tests {
     #[test]
     fn every_listed_key_is_a_field() {
         let d = toml::Value::try_from(GrpoConfig {
-            eval_dataset: Some("y".into()),
-            eval_split: Some("test".into()),
-            system_prompt: Some("s".into()),
+            args: TrainingArgs {
+                eval_dataset: Some("y".into()),
+                eval_split: Some("test".into()),
+                system_prompt: Some("s".into()),
+                ..GrpoConfig::default().args
+            },
             epsilon_high: Some(0.28),
             reward_weights: Some(vec![1.0]),
             ..Default::default()
         })
         .unwrap();
         let keys: Vec<&String> = d.as_table().unwrap().keys().collect();
-        assert_eq!(keys.len(), GRPO_KEYS.len());
+        assert_eq!(keys.len(), GRPO_KEYS.len() + TRAINING_KEYS.len());
         for k in keys {
             assert!(
-                GRPO_KEYS.contains(&k.as_str()),
+                GRPO_KEYS.contains(&k.as_str()) || TRAINING_KEYS.contains(&k.as_str()),
                 "{k} missing from GRPO_KEYS"
             );
         }
@@ -700,7 +554,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.num_generations, 4);
         assert_eq!(c.generation_batch_size, 64);
-        assert_eq!(c.gradient_accumulation_steps, 16);
+        assert_eq!(c.args.gradient_accumulation_steps, 16);
         assert_eq!(c.beta, 0.001);
         let p = c.plan(128);
         assert_eq!((p.rollout_prompts, p.steps_per_rollout), (16, 4));

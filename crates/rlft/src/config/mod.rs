@@ -4,10 +4,16 @@
 //! so a typo never silently falls back to a default. `--set key=value` overrides go through the
 //! same path.
 
+pub mod args;
 pub mod grpo;
 pub mod sft;
 
 use std::path::Path;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+pub use args::{LoraSettings, LrSchedulerType, ReportTo, TrainingArgs, LORA_KEYS, TRAINING_KEYS};
 
 /// Config errors; each message says which key and how to fix it.
 #[derive(Debug, thiserror::Error)]
@@ -43,29 +49,88 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// Levenshtein distance (small strings).
-pub fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, &cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != cb);
-            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
+/// An algorithm's config: one [`TrainingArgs`] (flattened: its keys sit at the top level of the
+/// TOML) plus the algorithm's own keys. Loading, key checks, overrides and validation of the
+/// shared part live here once; an algorithm declares its keys, defaults and own checks.
+pub trait TrainerConfig: Serialize + DeserializeOwned + Default {
+    /// The algorithm's own top-level keys (besides [`TRAINING_KEYS`]).
+    const KEYS: &'static [&'static str];
+
+    /// The shared settings.
+    fn args(&self) -> &TrainingArgs;
+
+    /// The shared settings, to set.
+    fn args_mut(&mut self) -> &mut TrainingArgs;
+
+    /// Other names accepted as keys (e.g. LightRFT's), rewritten by [`Self::resolve_aliases`].
+    fn alias_keys() -> Vec<&'static str> {
+        Vec::new()
     }
-    prev[b.len()]
+
+    /// Rewrites aliases into the canonical keys, before the table is read.
+    fn resolve_aliases(_table: &mut toml::Table) -> Result<(), ConfigError> {
+        Ok(())
+    }
+
+    /// Checks of the algorithm's own settings (the shared ones are checked before).
+    fn validate_own(&self) -> Result<(), ConfigError>;
+
+    /// Range and consistency checks of the whole config; each error says how to fix it.
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.args().validate()?;
+        self.validate_own()
+    }
+
+    /// Reads `path`, applies `key=value` overrides, checks keys and values.
+    fn load(path: &Path, overrides: &[String]) -> Result<Self, ConfigError> {
+        let mut table = read_table(path)?;
+        apply_overrides(&mut table, overrides)?;
+        Self::from_table(table, &path.display().to_string())
+    }
+
+    /// Builds from a parsed TOML table (`origin` names it in errors).
+    fn from_table(mut table: toml::Table, origin: &str) -> Result<Self, ConfigError> {
+        let mut valid: Vec<&str> = TRAINING_KEYS.to_vec();
+        valid.extend(Self::KEYS);
+        valid.extend(Self::alias_keys());
+        check_keys(&table, "", &valid, &[("lora", LORA_KEYS)])?;
+        Self::resolve_aliases(&mut table)?;
+        let defaults = Self::default();
+        let args = take_section(&mut table, TRAINING_KEYS, defaults.args(), origin)?;
+        let mut cfg: Self = from_toml(table, origin)?;
+        *cfg.args_mut() = args;
+        cfg.validate()?;
+        Ok(cfg)
+    }
 }
 
-/// The valid key closest to `key`, if it is close enough to be a likely typo.
-pub fn closest<'a>(key: &str, valid: &[&'a str]) -> Option<&'a str> {
-    valid
-        .iter()
-        .map(|v| (edit_distance(key, v), *v))
-        .filter(|(d, v)| *d <= 3.max(v.len() / 3))
-        .min()
-        .map(|(_, v)| v)
+/// Deserialises `table`, naming `origin` in errors (toml names the key).
+fn from_toml<T: DeserializeOwned>(table: toml::Table, origin: &str) -> Result<T, ConfigError> {
+    toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| ConfigError::Parse {
+            path: origin.to_string(),
+            msg: e.to_string(),
+        })
+}
+
+/// Moves the `keys` of a shared section out of `table` and reads them over the section's
+/// `defaults` (which differ per algorithm, as TRL's do), so a key the user leaves out keeps the
+/// algorithm's default and a bad value's error names its key.
+pub fn take_section<S: Serialize + DeserializeOwned>(
+    table: &mut toml::Table,
+    keys: &[&str],
+    defaults: &S,
+    origin: &str,
+) -> Result<S, ConfigError> {
+    let mut section = toml::Table::try_from(defaults)
+        .map_err(|e| ConfigError::Invalid(format!("defaults of {origin}: {e}")))?;
+    for k in keys {
+        if let Some(v) = table.remove(*k) {
+            section.insert(k.to_string(), v);
+        }
+    }
+    from_toml(section, origin)
 }
 
 /// Checks the keys of `table` (and of the nested tables named in `nested`) against `valid`.
@@ -83,7 +148,7 @@ pub fn check_keys(
         };
         if !valid.contains(&k.as_str()) {
             return Err(ConfigError::UnknownKey {
-                hint: closest(k, valid)
+                hint: rlft_suggest::closest(k, valid)
                     .map(|c| format!(", did you mean `{c}`?"))
                     .unwrap_or_default(),
                 key: full,

@@ -1,39 +1,26 @@
 //! Everything before the first GRPO step: model, trainable parameters, reference model,
 //! prompts, rewards, and the batch arithmetic.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Var};
+use candle_core::Device;
 use rlft_data::{list_splits, load_dataset};
-use rlft_model::load::{load_model, LoadOptions};
-use rlft_model::lora::LoraConfig;
-use rlft_model::{CausalLm, GenerationConfig};
+use rlft_model::CausalLm;
 use rlft_rewards::RewardSet;
 use rlft_text::TextBundle;
-use serde_json::Value;
 
-use super::prompts::{build_prompts, PromptItem, PromptPolicy};
-use super::{GrpoError, Result};
 use crate::config::grpo::{BatchPlan, GrpoConfig};
-use crate::train_setup::{self, OptimSettings};
+use crate::data::prompts::{build_prompts, PromptItem};
+use crate::error::{Result, TrainerError};
+use crate::run::{setup, Policy};
 
-/// A model, prompts and rewards ready to train.
+/// A policy, prompts and rewards ready to train.
 pub struct Prepared {
-    /// The policy being trained (trainable weights are `Var`s inside it).
-    pub model: CausalLm,
+    /// The policy being trained, its trainable parameters, tokenizer and template.
+    pub policy: Policy,
     /// Frozen reference for the KL term with full fine-tuning and `beta > 0` (with LoRA the
     /// reference is the policy with adapters off, so this stays `None`).
     pub reference: Option<CausalLm>,
-    /// Tokenizer and chat template.
-    pub text: TextBundle,
-    /// Generation defaults of the model (eos ids, pad id).
-    pub generation: GenerationConfig,
-    /// Trainable parameters (HF or PEFT names).
-    pub vars: Vec<(String, Var)>,
-    /// LoRA settings when training adapters.
-    pub lora: Option<LoraConfig>,
-    /// `adapter_config.json` for checkpoints when training adapters.
-    pub adapter_config: Option<Value>,
     /// Training prompts.
     pub train: Vec<PromptItem>,
     /// Eval prompts (may be empty).
@@ -42,23 +29,6 @@ pub struct Prepared {
     pub rewards: RewardSet,
     /// Batch arithmetic.
     pub plan: BatchPlan,
-    /// Padding id.
-    pub pad_id: u32,
-}
-
-/// The optimiser settings of a GRPO config.
-pub fn optim_settings(cfg: &GrpoConfig) -> OptimSettings {
-    OptimSettings {
-        learning_rate: cfg.learning_rate,
-        adam_beta1: cfg.adam_beta1,
-        adam_beta2: cfg.adam_beta2,
-        adam_epsilon: cfg.adam_epsilon,
-        weight_decay: cfg.weight_decay,
-        lr_scheduler_type: cfg.lr_scheduler_type.clone(),
-        min_lr_rate: cfg.min_lr_rate,
-        warmup_ratio: cfg.warmup_ratio,
-        warmup_steps: cfg.warmup_steps,
-    }
 }
 
 /// The reward functions of a config.
@@ -66,29 +36,56 @@ pub fn reward_set(cfg: &GrpoConfig) -> Result<RewardSet> {
     Ok(RewardSet::new(&cfg.rewards, cfg.reward_weights.as_deref())?)
 }
 
+/// The passes besides generation and the update that a GRPO config's rollouts take: the
+/// trainer runs them and `rlft plan` sizes them from this one answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Passes {
+    /// A reference log-prob pass (`beta > 0`).
+    pub reference: bool,
+    /// A frozen reference copy of the weights (`beta > 0` with full fine-tuning).
+    pub reference_copy: bool,
+    /// An old-policy log-prob pass (a rollout feeds more than one optimiser step).
+    pub old: bool,
+}
+
+/// The passes of `cfg` with batch plan `plan`.
+pub fn passes(cfg: &GrpoConfig, plan: &BatchPlan) -> Passes {
+    Passes {
+        reference: cfg.beta > 0.0,
+        reference_copy: cfg.beta > 0.0 && !cfg.args.use_peft,
+        old: plan.steps_per_rollout > 1,
+    }
+}
+
+/// Where a config's eval prompts come from: `eval_dataset` (with `eval_split`), else
+/// `dataset`'s `eval_split`, else its `test` split when the DatasetDict has one.
+pub fn eval_source(cfg: &GrpoConfig) -> Option<(PathBuf, Option<String>)> {
+    let a = &cfg.args;
+    match (&a.eval_dataset, &a.eval_split) {
+        (Some(p), split) => Some((p.clone(), split.clone())),
+        (None, Some(split)) => Some((a.dataset.clone(), Some(split.clone()))),
+        (None, None) => {
+            let splits = list_splits(&a.dataset).unwrap_or_default();
+            (splits.iter().any(|s| s == "test") && a.dataset_split != "test")
+                .then(|| (a.dataset.clone(), Some("test".to_string())))
+        }
+    }
+}
+
 /// Loads the eval prompts the config names: `eval_dataset` (with `eval_split`), else
 /// `dataset`'s `eval_split` (default "test" when the DatasetDict has one). Empty when none.
 pub fn eval_prompts(cfg: &GrpoConfig, text: &TextBundle) -> Result<Vec<PromptItem>> {
-    let ds = match (&cfg.eval_dataset, &cfg.eval_split) {
-        (Some(p), split) => Some(load_dataset(p, split.as_deref())?),
-        (None, Some(split)) => Some(load_dataset(&cfg.dataset, Some(split))?),
-        (None, None) => {
-            let splits = list_splits(&cfg.dataset).unwrap_or_default();
-            if splits.iter().any(|s| s == "test") && cfg.dataset_split != "test" {
-                Some(load_dataset(&cfg.dataset, Some("test"))?)
-            } else {
-                None
-            }
-        }
+    let Some((path, split)) = eval_source(cfg) else {
+        return Ok(Vec::new());
     };
-    let Some(ds) = ds else { return Ok(Vec::new()) };
+    let ds = load_dataset(&path, split.as_deref())?;
     let (mut items, report) = build_prompts(
         &ds,
         text,
         &cfg.prompt_column,
-        cfg.system_prompt.as_deref(),
+        cfg.args.system_prompt.as_deref(),
         cfg.max_prompt_length,
-        policy(cfg),
+        cfg.prompt_truncation,
     )?;
     if cfg.eval_max_prompts > 0 {
         items.truncate(cfg.eval_max_prompts);
@@ -97,91 +94,57 @@ pub fn eval_prompts(cfg: &GrpoConfig, text: &TextBundle) -> Result<Vec<PromptIte
     Ok(items)
 }
 
-fn policy(cfg: &GrpoConfig) -> PromptPolicy {
-    if cfg.prompt_truncation == "truncate" {
-        PromptPolicy::Truncate
-    } else {
-        PromptPolicy::Drop
-    }
-}
-
-/// Loads model, prompts and rewards; prints the batch arithmetic.
+/// Loads the policy, prompts and rewards; prints the batch arithmetic.
 pub fn prepare(cfg: &GrpoConfig, model_path: &Path, device: &Device) -> Result<Prepared> {
-    let rewards = reward_set(cfg)?;
-    let dtype = if cfg.bf16 { DType::BF16 } else { DType::F32 };
-    let loaded = load_model(
-        model_path,
-        &LoadOptions {
-            device: device.clone(),
-            dtype,
-        },
-    )?;
-    let base = loaded.model;
-    let mut model = base.clone();
-    let (vars, lora, adapter_config) =
-        train_setup::trainable(&mut model, cfg.use_peft, &cfg.lora, cfg.seed, &cfg.model)?;
+    let a = &cfg.args;
+    let mut rewards = reward_set(cfg)?;
+    let (policy, base) = setup::load_policy(a, model_path, device, true)?;
     // Full fine-tuning: the trainable copy owns new storage, so `base` stays the initial
     // weights; keep it only when the KL term needs it.
-    let reference = (cfg.beta > 0.0 && lora.is_none()).then(|| {
+    let reference = passes(cfg, &cfg.plan(1)).reference_copy.then(|| {
         // The reference only scores: its GGUF blocks would be dead weight.
         let mut r = base;
         r.drop_quantized();
         r
     });
-    let ds = load_dataset(&cfg.dataset, Some(&cfg.dataset_split))?;
+    let ds = load_dataset(&a.dataset, Some(&a.dataset_split))?;
     if ds.is_empty() {
-        return Err(GrpoError::Data(format!(
+        return Err(TrainerError::Data(format!(
             "{} has no rows; point `dataset` at a file with prompts",
-            cfg.dataset.display()
+            a.dataset.display()
         )));
     }
     let (train, report) = build_prompts(
         &ds,
-        &loaded.text,
+        &policy.text,
         &cfg.prompt_column,
-        cfg.system_prompt.as_deref(),
+        a.system_prompt.as_deref(),
         cfg.max_prompt_length,
-        policy(cfg),
+        cfg.prompt_truncation,
     )?;
     eprintln!("train prompts: {report}");
     // Every reward must find its columns: score one dummy completion of the first row.
-    let mut rewards = rewards;
     check_reward_columns(cfg, &mut rewards, &train)?;
-    let eval = eval_prompts(cfg, &loaded.text)?;
+    let eval = eval_prompts(cfg, &policy.text)?;
     let plan = cfg.plan(train.len());
-    let trainable: usize = vars.iter().map(|(_, v)| v.elem_count()).sum();
-    eprintln!(
-        "{plan}; {trainable} trainable parameters{}",
-        if cfg.use_peft { " (LoRA)" } else { "" }
-    );
+    eprintln!("{plan}; {}", setup::trainable_summary(&policy));
     if cfg.beta > 0.0 {
         eprintln!(
             "reference model: {}",
-            if lora.is_some() {
+            if policy.lora.is_some() {
                 "the base (adapters off, no second copy)"
             } else {
                 "a frozen copy of the initial weights"
             }
         );
     }
-    let pad_id = loaded
-        .generation
-        .pad_token_id
-        .or_else(|| loaded.generation.eos_token_ids.first().copied())
-        .unwrap_or(0);
     Ok(Prepared {
-        model,
+        policy,
         reference,
-        text: loaded.text,
-        generation: loaded.generation,
-        vars,
-        lora,
-        adapter_config,
         train,
         eval,
         rewards,
         plan,
-        pad_id,
     })
 }
 
@@ -203,10 +166,10 @@ fn check_reward_columns(
         truncated: false,
     };
     rewards.score(&[probe]).map_err(|e| {
-        GrpoError::Data(format!(
+        TrainerError::Data(format!(
             "the rewards cannot score row {} of {}: {e}",
             first.row_index,
-            cfg.dataset.display()
+            cfg.args.dataset.display()
         ))
     })?;
     Ok(())

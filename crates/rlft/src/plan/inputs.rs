@@ -1,19 +1,18 @@
 //! From configs (and their datasets) to a [`RunShape`]: the lengths a run will see and the
 //! settings memory depends on.
 
-use rlft_data::{list_splits, load_dataset};
+use rlft_data::load_dataset;
 use rlft_model::lora::resolve_targets;
 use rlft_text::TextBundle;
 use serde::Serialize;
 
 use super::{EvalPrompts, GrpoShape, LoraShape, PlanError, RunShape, SftShape, Tuning, Workload};
 use crate::config::grpo::GrpoConfig;
-use crate::config::sft::{LoraSettings, SftConfig};
-use crate::grpo::prompts::{build_prompts, PromptPolicy};
-use crate::sft_data::{build_example, fit_length, LengthPolicy, LengthReport, SftFormat};
-
-/// Prompts a GRPO eval generates at once (`rlft::grpo::trainer::eval_settings`).
-pub const EVAL_BATCH: usize = 16;
+use crate::config::sft::SftConfig;
+use crate::config::{LoraSettings, TrainingArgs};
+use crate::data::prompts::build_prompts;
+use crate::data::sft::{build_example, fit_length, LengthReport, SftFormat};
+pub use crate::grpo::trainer::EVAL_BATCH;
 
 /// Where the lengths of a plan come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -47,14 +46,6 @@ pub struct SftLengths {
     pub source: LengthSource,
 }
 
-fn policy(cfg: &GrpoConfig) -> PromptPolicy {
-    if cfg.prompt_truncation == "truncate" {
-        PromptPolicy::Truncate
-    } else {
-        PromptPolicy::Drop
-    }
-}
-
 fn longest_prompt(
     cfg: &GrpoConfig,
     text: &TextBundle,
@@ -66,9 +57,9 @@ fn longest_prompt(
         &ds,
         text,
         &cfg.prompt_column,
-        cfg.system_prompt.as_deref(),
+        cfg.args.system_prompt.as_deref(),
         cfg.max_prompt_length,
-        policy(cfg),
+        cfg.prompt_truncation,
     )
     .map_err(|e| PlanError::Data(e.to_string()))?;
     let longest = items.iter().map(|i| i.ids.len()).max().unwrap_or(0);
@@ -83,15 +74,7 @@ pub fn grpo_lengths(
     text: &TextBundle,
     read_data: bool,
 ) -> Result<GrpoLengths, PlanError> {
-    let eval_source = match (&cfg.eval_dataset, &cfg.eval_split) {
-        (Some(p), split) => Some((p.clone(), split.clone())),
-        (None, Some(split)) => Some((cfg.dataset.clone(), Some(split.clone()))),
-        (None, None) => {
-            let splits = list_splits(&cfg.dataset).unwrap_or_default();
-            (splits.iter().any(|s| s == "test") && cfg.dataset_split != "test")
-                .then(|| (cfg.dataset.clone(), Some("test".to_string())))
-        }
-    };
+    let eval_source = crate::grpo::setup::eval_source(cfg);
     let cap = |n: usize| {
         if cfg.eval_max_prompts > 0 {
             n.min(cfg.eval_max_prompts)
@@ -109,12 +92,16 @@ pub fn grpo_lengths(
             source: LengthSource::Config,
         });
     }
-    let (_, prompt_tokens) =
-        longest_prompt(cfg, text, &cfg.dataset, Some(cfg.dataset_split.as_str()))?;
+    let (_, prompt_tokens) = longest_prompt(
+        cfg,
+        text,
+        &cfg.args.dataset,
+        Some(cfg.args.dataset_split.as_str()),
+    )?;
     if prompt_tokens == 0 {
         return Err(PlanError::Data(format!(
             "{} has no usable prompt (all dropped for max_prompt_length {}?)",
-            cfg.dataset.display(),
+            cfg.args.dataset.display(),
             cfg.max_prompt_length
         )));
     }
@@ -142,7 +129,8 @@ pub fn sft_lengths(
     text: &TextBundle,
     read_data: bool,
 ) -> Result<SftLengths, PlanError> {
-    let eval = cfg.eval_dataset.is_some() || cfg.eval_split.is_some() || cfg.eval_size > 0.0;
+    let a = &cfg.args;
+    let eval = a.eval_dataset.is_some() || a.eval_split.is_some() || cfg.eval_size > 0.0;
     if !read_data {
         return Ok(SftLengths {
             example_tokens: cfg.max_length,
@@ -151,18 +139,13 @@ pub fn sft_lengths(
         });
     }
     let mut longest = 0;
-    let mut sources = vec![(cfg.dataset.clone(), Some(cfg.dataset_split.clone()))];
-    match (&cfg.eval_dataset, &cfg.eval_split) {
+    let mut sources = vec![(a.dataset.clone(), Some(a.dataset_split.clone()))];
+    match (&a.eval_dataset, &a.eval_split) {
         (Some(p), split) => sources.push((p.clone(), split.clone())),
-        (None, Some(split)) => sources.push((cfg.dataset.clone(), Some(split.clone()))),
+        (None, Some(split)) => sources.push((a.dataset.clone(), Some(split.clone()))),
         (None, None) => {}
     }
     let template = text.compile_chat_template().ok();
-    let length_policy = if cfg.truncation == "drop" {
-        LengthPolicy::Drop
-    } else {
-        LengthPolicy::Truncate
-    };
     for (path, split) in sources {
         let ds = load_dataset(&path, split.as_deref())?;
         let format = SftFormat::detect(&ds.columns).map_err(|e| PlanError::Data(e.to_string()))?;
@@ -174,10 +157,10 @@ pub fn sft_lengths(
                 &format,
                 row,
                 i,
-                cfg.system_prompt.as_deref(),
+                a.system_prompt.as_deref(),
             )
             .map_err(|e| PlanError::Data(e.to_string()))?;
-            if let Some(ex) = fit_length(ex, cfg.max_length, length_policy, &mut report) {
+            if let Some(ex) = fit_length(ex, cfg.max_length, cfg.truncation, &mut report) {
                 longest = longest.max(ex.input_ids.len());
             }
         }
@@ -185,7 +168,7 @@ pub fn sft_lengths(
     if longest < 2 {
         return Err(PlanError::Data(format!(
             "{} has no usable example (all dropped for max_length {}?)",
-            cfg.dataset.display(),
+            a.dataset.display(),
             cfg.max_length
         )));
     }
@@ -208,44 +191,45 @@ fn tuning(use_peft: bool, lora: &LoraSettings) -> Result<Tuning, PlanError> {
     }))
 }
 
+/// The settings of the shared [`TrainingArgs`] that memory depends on, around `workload`.
+fn run_shape(args: &TrainingArgs, workload: Workload) -> Result<RunShape, PlanError> {
+    Ok(RunShape {
+        bf16: args.bf16,
+        tuning: tuning(args.use_peft, &args.lora)?,
+        micro_batch: args.per_device_train_batch_size,
+        accumulation: args.gradient_accumulation_steps,
+        gradient_checkpointing: args.gradient_checkpointing,
+        workload,
+    })
+}
+
 /// The run shape of a GRPO config with its prompt lengths.
 pub fn run_shape_grpo(cfg: &GrpoConfig, lengths: &GrpoLengths) -> Result<RunShape, PlanError> {
     let plan = cfg.plan(1);
-    Ok(RunShape {
-        bf16: cfg.bf16,
-        tuning: tuning(cfg.use_peft, &cfg.lora)?,
-        micro_batch: cfg.per_device_train_batch_size,
-        accumulation: cfg.gradient_accumulation_steps,
-        gradient_checkpointing: cfg.gradient_checkpointing,
-        workload: Workload::Grpo(GrpoShape {
-            num_generations: cfg.num_generations,
-            rollout_prompts: plan.rollout_prompts,
-            rollout_completions: plan.rollout_completions,
-            prompt_tokens: lengths.prompt_tokens,
-            completion_tokens: cfg.max_completion_length,
-            reference: cfg.beta > 0.0,
-            old_logprobs: plan.steps_per_rollout > 1,
-            share_prompts: cfg.share_prompts,
-            temperature_scaled: cfg.temperature != 1.0,
-            eval: lengths.eval.map(|e| EvalPrompts {
-                prompts: e.prompts.min(EVAL_BATCH),
-                ..e
-            }),
+    let passes = crate::grpo::setup::passes(cfg, &plan);
+    let workload = Workload::Grpo(GrpoShape {
+        num_generations: cfg.num_generations,
+        rollout_prompts: plan.rollout_prompts,
+        rollout_completions: plan.rollout_completions,
+        prompt_tokens: lengths.prompt_tokens,
+        completion_tokens: cfg.max_completion_length,
+        reference: passes.reference,
+        old_logprobs: passes.old,
+        share_prompts: cfg.share_prompts,
+        temperature_scaled: cfg.temperature != 1.0,
+        eval: lengths.eval.map(|e| EvalPrompts {
+            prompts: e.prompts.min(EVAL_BATCH),
+            ..e
         }),
-    })
+    });
+    run_shape(&cfg.args, workload)
 }
 
 /// The run shape of an SFT config with its example lengths.
 pub fn run_shape_sft(cfg: &SftConfig, lengths: &SftLengths) -> Result<RunShape, PlanError> {
-    Ok(RunShape {
-        bf16: cfg.bf16,
-        tuning: tuning(cfg.use_peft, &cfg.lora)?,
-        micro_batch: cfg.per_device_train_batch_size,
-        accumulation: cfg.gradient_accumulation_steps,
-        gradient_checkpointing: cfg.gradient_checkpointing,
-        workload: Workload::Sft(SftShape {
-            example_tokens: lengths.example_tokens,
-            eval: lengths.eval,
-        }),
-    })
+    let workload = Workload::Sft(SftShape {
+        example_tokens: lengths.example_tokens,
+        eval: lengths.eval,
+    });
+    run_shape(&cfg.args, workload)
 }

@@ -640,8 +640,8 @@ pub fn generation(
 /// - AdamW `2 x T x 4`; bf16 full fine-tuning also an f32 master copy `T x 4`;
 /// - gradients `T x w` (a micro-batch's) + `T x 4` (the accumulated sums, f32); with one
 ///   micro-batch of f32 gradients only `T x 4` (they become the sums);
-/// - GRPO full fine-tuning with `beta > 0`: a reference copy `P x w`; SFT full fine-tuning keeps
-///   the loaded weights beside the trainable copies (`P x w`);
+/// - GRPO full fine-tuning with `beta > 0`: a reference copy `P x w` (the trainer keeps it when
+///   `grpo::setup::passes` says so);
 /// - LoRA export (and bf16 rollout/eval): the merged copy of the adapted weights;
 /// - rollout KV caches: `prompts x G x L x 2 x kv_heads x head_dim x (prompt + completion) x
 ///   4` (f32) or x 2 (bf16), see [`generation`];
@@ -826,14 +826,7 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
             "beta = 0: none".into(),
             &AFTER_LOAD,
         ),
-        (Workload::Sft(_), true) => add(
-            "reference",
-            "initial weights".into(),
-            weights,
-            "the SFT trainer keeps the loaded model beside its trainable copies".into(),
-            &AFTER_LOAD,
-        ),
-        (Workload::Sft(_), false) => {}
+        (Workload::Sft(_), _) => {}
     }
     let merged_elems: Vec<u64> = match &run.tuning {
         Tuning::Full => Vec::new(),

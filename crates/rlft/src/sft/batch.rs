@@ -4,7 +4,7 @@ use candle_core::{Device, Tensor};
 use rlft_model::decoder::{Batch, CausalLm};
 use rlft_model::trainable::sequence_logprobs;
 
-use crate::sft_data::SftExample;
+use crate::data::sft::SftExample;
 
 /// A left-padded next-token micro-batch.
 pub struct MicroBatch {

@@ -6,10 +6,10 @@ use rlft_model::sampling::SamplingParams;
 use rlft_rewards::{RewardSet, Scores};
 use rlft_text::TextBundle;
 
-use super::prompts::PromptItem;
-use super::rollout::{rollout_model, sample_completions, RolloutSettings, Sample};
 use super::stats::{length_metrics, reward_metrics, Metrics};
-use super::Result;
+use super::{rollout_model, sample_completions, RolloutSettings, Sample};
+use crate::data::prompts::PromptItem;
+use crate::error::Result;
 
 /// Scores `samples` (completions of `items`) with every reward function.
 pub fn score_samples(

@@ -2,8 +2,7 @@
 
 use rlft_rewards::Scores;
 
-/// `(name, value)` metric pairs in logging order.
-pub type Metrics = Vec<(String, f64)>;
+pub use crate::run::Metrics;
 
 fn mean_std(v: &[f64]) -> (f64, f64) {
     let xs: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();

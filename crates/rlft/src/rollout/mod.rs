@@ -1,5 +1,11 @@
-//! Rollouts: G completions per prompt from the current policy, and the per-token log-probs of
-//! completions under a model (policy with grad, old policy, reference).
+//! Rollouts, shared by every online trainer (GRPO, and the algorithms that sample completions
+//! and score them: RLOO, REINFORCE++, PPO, Online DPO): G completions per prompt from the current
+//! policy, and the per-token log-probs of completions under a model (policy with grad, old
+//! policy, reference).
+//!
+//! - [`eval`]: scoring samples with the rewards, and eval passes (also `rlft eval`);
+//! - [`samples`]: `samples.jsonl`, the completions a run shows;
+//! - [`stats`]: reward and length metrics with TRL's names, and the health signs.
 //!
 //! Generation runs on a copy of the policy with LoRA adapters merged in (a few small matmuls per
 //! rollout), so it takes the fused CPU decode path; the prompt is prefilled once per group.
@@ -12,8 +18,16 @@ use rlft_model::shared_prefix::{shared_prefix_batch, shared_prefix_logprobs};
 use rlft_model::trainable::sequence_logprobs_entropy;
 use rlft_text::TextBundle;
 
-use super::prompts::PromptItem;
-use super::Result;
+use rlft_rewards::{RewardSet, Scores};
+
+use crate::data::prompts::PromptItem;
+use crate::error::Result;
+use crate::run::Metrics;
+use eval::score_samples;
+
+pub mod eval;
+pub mod samples;
+pub mod stats;
 
 /// One completion of a rollout.
 #[derive(Debug, Clone)]
@@ -120,7 +134,7 @@ pub fn token_batch(
     let p = prompts.iter().map(|x| x.len()).max().unwrap_or(0);
     let tc = completions.iter().map(|c| c.len()).max().unwrap_or(0);
     if tc == 0 || p == 0 {
-        return Err(super::GrpoError::Other(
+        return Err(crate::error::TrainerError::Other(
             "token_batch: empty prompt or completion".into(),
         ));
     }
@@ -292,6 +306,98 @@ pub fn pad_rows(rows: &[&[f32]], tc: usize, device: &Device) -> Result<Tensor> {
         v.extend(std::iter::repeat_n(0f32, tc - r.len().min(tc)));
     }
     Ok(Tensor::from_vec(v, (rows.len(), tc), device)?)
+}
+
+/// Times `f` as phase `phase`: pushes `time/<phase>` (seconds) to `times`.
+pub fn timed<T>(times: &mut Metrics, phase: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let t = std::time::Instant::now();
+    let out = f()?;
+    times.push((format!("time/{phase}"), t.elapsed().as_secs_f64()));
+    Ok(out)
+}
+
+/// Generates the completions of `prompts` from `policy` and scores them with `rewards`: the
+/// `generate` and `reward` phases every online trainer starts with.
+pub fn generate_and_score(
+    policy: &CausalLm,
+    text: &TextBundle,
+    items: &[PromptItem],
+    prompts: &[usize],
+    settings: &RolloutSettings,
+    rewards: &mut RewardSet,
+    times: &mut Metrics,
+) -> Result<(Vec<Sample>, Scores)> {
+    let samples = timed(times, "generate", || {
+        let m = rollout_model(policy)?;
+        sample_completions(&m, text, items, prompts, settings)
+    })?;
+    let scores = timed(times, "reward", || score_samples(rewards, items, &samples))?;
+    Ok((samples, scores))
+}
+
+/// The no-grad log-prob passes of a rollout's samples that a clipped loss with a KL term needs.
+pub struct NoGradPasses<'a> {
+    /// The policy being trained.
+    pub policy: &'a CausalLm,
+    /// A frozen reference copy (full fine-tuning); `None` with LoRA: the policy with its
+    /// adapters off is the reference.
+    pub reference: Option<&'a CausalLm>,
+    /// Keep the sampling policy's log-probs (a rollout feeds several optimiser steps).
+    pub old: bool,
+    /// Compute the reference's log-probs (`beta > 0`).
+    pub with_reference: bool,
+    /// Rows per pass.
+    pub batch: usize,
+    /// Padding id.
+    pub pad_id: u32,
+    /// Sampling temperature (log-probs of `logits / T`, as sampled).
+    pub temperature: f64,
+    /// One prompt pass per group.
+    pub share_prompts: bool,
+}
+
+/// Per-sample token log-probs `(old, reference)`, each when asked for (phases `old_logprobs`
+/// and `ref_logprobs`). They run on the thread pool with its workers spinning.
+#[allow(clippy::type_complexity)]
+pub fn no_grad_passes(
+    p: &NoGradPasses<'_>,
+    items: &[PromptItem],
+    samples: &[Sample],
+    times: &mut Metrics,
+) -> Result<(Option<Vec<Vec<f32>>>, Option<Vec<Vec<f32>>>)> {
+    let device = p.policy.device();
+    let pass = |m: &CausalLm| {
+        rlft_model::runtime::on_pool_for(device, || {
+            logprobs_no_grad(
+                m,
+                items,
+                samples,
+                p.batch,
+                p.pad_id,
+                p.temperature,
+                p.share_prompts,
+            )
+        })
+    };
+    let old = if p.old {
+        Some(timed(times, "old_logprobs", || {
+            pass(&rlft_model::trainable::detached(p.policy))
+        })?)
+    } else {
+        None
+    };
+    let reference = if p.with_reference {
+        Some(timed(times, "ref_logprobs", || {
+            let m = match p.reference {
+                Some(r) => r.clone(),
+                None => rlft_model::trainable::detached(p.policy).adapters_disabled(),
+            };
+            pass(&m)
+        })?)
+    } else {
+        None
+    };
+    Ok((old, reference))
 }
 
 #[cfg(test)]

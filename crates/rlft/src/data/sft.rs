@@ -13,6 +13,8 @@
 //! templates; a template that rewrites earlier turns gets a clear error.
 
 use rlft_text::{ChatTemplate, Message, TextBundle};
+
+pub use super::LengthPolicy;
 use serde_json::Value;
 
 /// Errors building SFT examples; each says how to fix the data or the config.
@@ -107,15 +109,6 @@ impl SftExample {
     pub fn num_targets(&self) -> usize {
         self.loss_mask.iter().filter(|&&m| m).count()
     }
-}
-
-/// What to do with examples longer than the limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LengthPolicy {
-    /// Keep the first `max_length` tokens.
-    Truncate,
-    /// Drop the example.
-    Drop,
 }
 
 /// How the examples of a dataset fared against the length limit.

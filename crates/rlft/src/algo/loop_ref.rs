@@ -198,7 +198,7 @@ pub fn grpo_loss_loop(inp: &LoopLossInputs, cfg: &LossConfig) -> LoopLossOutput 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::grpo::algo::{compute_advantages, grpo_loss, LossInputs};
+    use crate::algo::{compute_advantages, grpo_loss, LossInputs};
     use candle_core::{DType, Device, Tensor, Var};
 
     /// SplitMix64: a tiny deterministic generator for test inputs.

@@ -9,7 +9,8 @@ use rlft_data::Dataset;
 use rlft_text::{Message, TextBundle};
 use serde_json::Value;
 
-use super::{GrpoError, Result};
+use super::LengthPolicy;
+use crate::error::{Result, TrainerError};
 
 /// One training or eval prompt.
 #[derive(Debug, Clone)]
@@ -47,22 +48,13 @@ impl std::fmt::Display for PromptReport {
     }
 }
 
-/// How prompts longer than the limit are handled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PromptPolicy {
-    /// Leave the row out (counted).
-    Drop,
-    /// Keep the last `max` tokens (counted): the generation prompt at the end survives.
-    Truncate,
-}
-
 fn messages(row: &Value, col: &str, index: usize, system: Option<&str>) -> Result<Vec<Message>> {
     let v = row.get(col).filter(|v| !v.is_null()).ok_or_else(|| {
         let keys: Vec<String> = row
             .as_object()
             .map(|o| o.keys().cloned().collect())
             .unwrap_or_default();
-        GrpoError::Data(format!(
+        TrainerError::Data(format!(
             "row {index} has no `{col}` column (columns: {}); set `prompt_column` to the column \
              holding the prompt",
             keys.join(", ")
@@ -71,13 +63,13 @@ fn messages(row: &Value, col: &str, index: usize, system: Option<&str>) -> Resul
     let mut msgs = match v {
         Value::String(s) => vec![Message::user(s.as_str())],
         Value::Array(_) => serde_json::from_value::<Vec<Message>>(v.clone()).map_err(|e| {
-            GrpoError::Data(format!(
+            TrainerError::Data(format!(
                 "row {index}: `{col}` is neither a string nor a list of {{role, content}} \
                  messages ({e})"
             ))
         })?,
         other => {
-            return Err(GrpoError::Data(format!(
+            return Err(TrainerError::Data(format!(
                 "row {index}: `{col}` is a {}; expected a string or a list of messages",
                 json_kind(other)
             )))
@@ -109,7 +101,7 @@ pub fn build_prompts(
     prompt_column: &str,
     system_prompt: Option<&str>,
     max_prompt_length: usize,
-    policy: PromptPolicy,
+    policy: LengthPolicy,
 ) -> Result<(Vec<PromptItem>, PromptReport)> {
     let template = text.compile_chat_template().ok();
     let opts = text.render_options(true);
@@ -130,7 +122,7 @@ pub fn build_prompts(
             ) {
                 (1, Some(s)) => s.to_string(),
                 _ => {
-                    return Err(GrpoError::Data(format!(
+                    return Err(TrainerError::Data(format!(
                         "row {i}: the model has no chat template, so prompts must be plain \
                          strings without a system_prompt"
                     )))
@@ -139,18 +131,18 @@ pub fn build_prompts(
         };
         let mut ids = text.encode(&rendered, false)?;
         if ids.is_empty() {
-            return Err(GrpoError::Data(format!(
+            return Err(TrainerError::Data(format!(
                 "row {i}: the prompt renders to no tokens"
             )));
         }
         report.longest = report.longest.max(ids.len());
         if ids.len() > max_prompt_length {
             match policy {
-                PromptPolicy::Drop => {
+                LengthPolicy::Drop => {
                     report.dropped += 1;
                     continue;
                 }
-                PromptPolicy::Truncate => {
+                LengthPolicy::Truncate => {
                     report.truncated += 1;
                     ids.drain(..ids.len() - max_prompt_length);
                 }
@@ -164,7 +156,7 @@ pub fn build_prompts(
         });
     }
     if out.is_empty() && !ds.is_empty() {
-        return Err(GrpoError::Data(format!(
+        return Err(TrainerError::Data(format!(
             "every prompt is longer than max_prompt_length = {max_prompt_length} tokens (longest \
              {}); raise max_prompt_length or set prompt_truncation = \"truncate\"",
             report.longest
@@ -189,14 +181,14 @@ mod tests {
         ])
         .unwrap();
         let (p, r) =
-            build_prompts(&ds, &text, "prompt", Some("sys"), 1000, PromptPolicy::Drop).unwrap();
+            build_prompts(&ds, &text, "prompt", Some("sys"), 1000, LengthPolicy::Drop).unwrap();
         assert_eq!(p.len(), 3);
         assert_eq!(r.dropped, 0);
         assert!(p[0].text.contains("sys") && p[0].text.contains("hello"));
         assert_eq!(p[1].row["answer"], "2");
         let limit = p[0].ids.len().max(p[1].ids.len());
         let (p2, r2) =
-            build_prompts(&ds, &text, "prompt", Some("sys"), limit, PromptPolicy::Drop).unwrap();
+            build_prompts(&ds, &text, "prompt", Some("sys"), limit, LengthPolicy::Drop).unwrap();
         assert_eq!((p2.len(), r2.dropped), (2, 1));
         let (p3, r3) = build_prompts(
             &ds,
@@ -204,7 +196,7 @@ mod tests {
             "prompt",
             Some("sys"),
             limit,
-            PromptPolicy::Truncate,
+            LengthPolicy::Truncate,
         )
         .unwrap();
         assert_eq!((p3.len(), r3.truncated), (3, 1));
@@ -216,7 +208,7 @@ mod tests {
     fn missing_column_names_the_fix() {
         let text = tiny_text_bundle().unwrap();
         let ds = Dataset::from_rows(vec![json!({"question": "x"})]).unwrap();
-        let e = build_prompts(&ds, &text, "prompt", None, 100, PromptPolicy::Drop)
+        let e = build_prompts(&ds, &text, "prompt", None, 100, LengthPolicy::Drop)
             .unwrap_err()
             .to_string();
         assert!(e.contains("prompt_column") && e.contains("question"), "{e}");

@@ -194,7 +194,9 @@ pub struct LossInputs<'a> {
     pub old_logp: Option<&'a Tensor>,
     /// `[N, T]` log-probs under the reference policy (no gradient); required iff `beta != 0`.
     pub ref_logp: Option<&'a Tensor>,
-    /// `[N]` one advantage per completion (see [`super::compute_advantages`]).
+    /// `[N]` one advantage per completion (GRPO's group-relative ones, see
+    /// [`super::compute_advantages`]), or `[N, T]` one per token (PPO's GAE, REINFORCE++'s
+    /// returns with a per-token KL penalty).
     pub advantages: &'a Tensor,
     /// `[N, T]` 1 for completion tokens that count, 0 for padding (and tool output).
     pub mask: &'a Tensor,
@@ -264,12 +266,6 @@ pub fn grpo_loss(inp: &LossInputs, cfg: &LossConfig) -> Result<LossOutput> {
         x.to_dtype(dtype)
     };
     let mask = same("mask", inp.mask)?;
-    if inp.advantages.dims() != [n] {
-        bail!(
-            "grpo_loss: advantages is {:?}, expected [{n}] (one per completion)",
-            inp.advantages.dims()
-        );
-    }
     let norm = inp.normalizer;
     if norm.accumulation_steps == 0 {
         bail!("grpo_loss: accumulation_steps must be >= 1");
@@ -277,11 +273,18 @@ pub fn grpo_loss(inp: &LossInputs, cfg: &LossConfig) -> Result<LossOutput> {
     if cfg.max_completion_length == 0 {
         bail!("grpo_loss: max_completion_length must be >= 1");
     }
-    let adv = inp
-        .advantages
-        .to_dtype(dtype)?
-        .reshape((n, 1))?
-        .broadcast_as((n, t))?;
+    let adv = match inp.advantages.dims() {
+        [a] if *a == n => inp
+            .advantages
+            .to_dtype(dtype)?
+            .reshape((n, 1))?
+            .broadcast_as((n, t))?,
+        [a, b] if *a == n && *b == t => inp.advantages.to_dtype(dtype)?,
+        d => bail!(
+            "grpo_loss: advantages is {d:?}, expected [{n}] (one per completion) or [{n}, {t}] \
+             (one per token)"
+        ),
+    };
     let old = match inp.old_logp {
         Some(o) => same("old_logp", o)?.detach(),
         None => logp.detach(),

@@ -52,7 +52,7 @@ impl UnknownVariant {
     /// The error for `value` given the valid `names` of config key `key`.
     pub fn new(key: &'static str, value: &str, names: &[&str]) -> Self {
         let lower = value.trim().to_ascii_lowercase();
-        let hint = crate::config::closest(&lower, names)
+        let hint = rlft_suggest::closest(&lower, names)
             .map(|c| format!(", did you mean `{c}`?"))
             .unwrap_or_default();
         UnknownVariant {
