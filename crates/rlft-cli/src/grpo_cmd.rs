@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use rlft::config::grpo::GrpoConfig;
+use rlft::config::TrainerConfig;
 use rlft::grpo::setup::{eval_prompts, reward_set};
 use rlft::grpo::{eval_settings, prepare, train};
 use rlft::rollout::eval::{evaluate, sample_reward_parts};

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use rlft::config::grpo::{GrpoConfig, ALIASES, GRPO_KEYS};
 use rlft::config::sft::{SftConfig, SFT_KEYS};
-use rlft::config::{apply_overrides, read_table};
+use rlft::config::{apply_overrides, read_table, TrainerConfig};
 use rlft::plan::inputs::{GrpoLengths, LengthSource, SftLengths};
 use rlft::plan::{
     count, estimate, grpo_lengths, run_shape_grpo, run_shape_sft, sft_lengths, suggest,

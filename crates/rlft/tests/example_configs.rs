@@ -4,6 +4,7 @@ use std::path::Path;
 
 use rlft::config::grpo::GrpoConfig;
 use rlft::config::sft::SftConfig;
+use rlft::config::TrainerConfig;
 
 fn examples() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use candle_core::Device;
 use rlft::config::grpo::GrpoConfig;
+use rlft::config::TrainerConfig;
 use rlft::grpo::{prepare, train, GrpoSummary};
 use rlft::run::RunOptions;
 use rlft_model::config::Family;

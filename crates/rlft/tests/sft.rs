@@ -49,7 +49,7 @@ fn setup(dir: &Path) -> SftConfig {
     }
 }
 
-fn run(cfg: &SftConfig, opts: &RunOptions) -> (rlft::sft::SftSummary, Vec<(String, Vec<f32>)>) {
+fn run(cfg: &SftConfig, opts: &RunOptions) -> (rlft::run::RunSummary, Vec<(String, Vec<f32>)>) {
     let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
     let s = train(cfg, &mut p, opts).unwrap();
     let w = p
@@ -71,7 +71,10 @@ fn sft_learns_and_writes_outputs() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = setup(dir.path());
     let (s, _) = run(&cfg, &RunOptions::default());
-    let (first, last) = (s.initial_eval_loss.unwrap(), s.final_eval_loss.unwrap());
+    let (first, last) = (
+        s.initial_metric("eval_loss").unwrap(),
+        s.final_metric("eval_loss").unwrap(),
+    );
     assert!(last < first * 0.8, "eval loss {first} -> {last}");
     assert_eq!(s.global_step, 12);
     let out = &cfg.args.output_dir;
@@ -128,7 +131,7 @@ fn batch_times_accumulation_is_invariant() {
     cfg_b.args.gradient_accumulation_steps = 8;
     cfg_b.args.adam_epsilon = 1e-6;
     let (sb, wb) = run(&cfg_b, &RunOptions::default());
-    for (x, y) in sa.train_losses.iter().zip(&sb.train_losses) {
+    for (x, y) in sa.step_values("loss").iter().zip(&sb.step_values("loss")) {
         assert!((x - y).abs() < 1e-5, "{x} vs {y}");
     }
     // Weights agree to 1e-5, except the k_proj bias: its gradient is mathematically zero
@@ -176,7 +179,7 @@ fn lora_trains_adapters_only() {
         "{:?}",
         w.iter().map(|x| &x.0).collect::<Vec<_>>()
     );
-    assert!(s.final_eval_loss.unwrap() < s.initial_eval_loss.unwrap());
+    assert!(s.final_metric("eval_loss").unwrap() < s.initial_metric("eval_loss").unwrap());
     assert!(cfg
         .args
         .output_dir
@@ -204,7 +207,7 @@ fn gradient_checkpointing_equals_keeping_activations() {
         let (cfg_a, cfg_b) = (cfg(a.path(), false), cfg(b.path(), true));
         let (sa, wa) = run(&cfg_a, &RunOptions::default());
         let (sb, wb) = run(&cfg_b, &RunOptions::default());
-        for (x, y) in sa.train_losses.iter().zip(&sb.train_losses) {
+        for (x, y) in sa.step_values("loss").iter().zip(&sb.step_values("loss")) {
             assert!((x - y).abs() < 1e-5, "lora {lora}: {x} vs {y}");
         }
         let tol = 2.0 * 3.0 * cfg_a.args.learning_rate as f32;

@@ -14,6 +14,7 @@ use std::time::Instant;
 use anyhow::Result;
 use candle_core::Device;
 use rlft::config::grpo::GrpoConfig;
+use rlft::config::TrainerConfig;
 use rlft::run::RunOptions;
 use rlft_data::pyrandom::PyRandom;
 use rlft_model::bench::median;

@@ -360,6 +360,61 @@ mod tests {
         Tensor::from_slice(v, (n, t), &Device::Cpu).unwrap()
     }
 
+    /// Advantages given per token (`[N, T]`) equal to the per-sequence ones broadcast give the
+    /// same loss and gradient; a token whose advantage is 0 gets no policy gradient.
+    #[test]
+    fn per_token_advantages() {
+        let (n, t) = (2, 3);
+        let logp = Var::from_tensor(&t2(&[-1.0, -0.5, -2.0, -0.3, -0.7, -1.1], n, t)).unwrap();
+        let mask = t2(&[1., 1., 1., 1., 1., 0.], n, t);
+        let old = t2(&[-1.1, -0.4, -2.0, -0.2, -0.7, -1.0], n, t);
+        let seq = Tensor::from_slice(&[0.5f32, -1.5], n, &Device::Cpu).unwrap();
+        let tok = t2(&[0.5, 0.5, 0.5, -1.5, -1.5, -1.5], n, t);
+        let cfg = LossConfig {
+            loss_type: LossType::Dapo,
+            epsilon_low: 0.2,
+            epsilon_high: 0.2,
+            beta: 0.0,
+            max_completion_length: 4,
+        };
+        let run = |adv: &Tensor| {
+            let inp = LossInputs {
+                logp: logp.as_tensor(),
+                old_logp: Some(&old),
+                ref_logp: None,
+                advantages: adv,
+                mask: &mask,
+                normalizer: LossNormalizer::single(5.0),
+            };
+            let out = grpo_loss(&inp, &cfg).unwrap();
+            let g = out.loss.backward().unwrap();
+            let grad: Vec<f32> = g
+                .get(&logp)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            (out.loss.to_scalar::<f32>().unwrap(), grad)
+        };
+        assert_eq!(run(&seq), run(&tok));
+        let zero_first = t2(&[0.0, 0.5, 0.5, -1.5, -1.5, -1.5], n, t);
+        let (_, g) = run(&zero_first);
+        assert_eq!(g[0], 0.0);
+        assert_ne!(g[1], 0.0);
+        let bad = t2(&[0.5; 4], 2, 2);
+        let inp = LossInputs {
+            logp: logp.as_tensor(),
+            old_logp: None,
+            ref_logp: None,
+            advantages: &bad,
+            mask: &mask,
+            normalizer: LossNormalizer::single(5.0),
+        };
+        let e = grpo_loss(&inp, &cfg).unwrap_err().to_string();
+        assert!(e.contains("one per token"), "{e}");
+    }
+
     /// On-policy (`old = None`), no KL: the gradient of `grpo` is `-A_i / len_i / N / k` on
     /// active tokens, and the loss is `-mean(A) / k`.
     #[test]

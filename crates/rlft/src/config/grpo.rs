@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::args::TrainingArgs;
 use super::{ConfigError, TrainerConfig};
-use crate::algo::{LossType, ScaleRewards};
+use crate::algo::{AdvantageConfig, LossConfig, LossType, ScaleRewards};
 use crate::data::LengthPolicy;
 
 /// How eval completions are decoded (`eval_decoding`).
@@ -311,19 +311,6 @@ fn resolve_aliases(table: &mut toml::Table) -> Result<(), ConfigError> {
     Ok(())
 }
 
-impl GrpoConfig {
-    /// Reads `path`, applies `key=value` overrides, checks keys and values
-    /// ([`TrainerConfig::load`]).
-    pub fn load(path: &std::path::Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        <Self as TrainerConfig>::load(path, overrides)
-    }
-
-    /// Builds from a parsed TOML table ([`TrainerConfig::from_table`]).
-    pub fn from_table(table: toml::Table, origin: &str) -> Result<Self, ConfigError> {
-        <Self as TrainerConfig>::from_table(table, origin)
-    }
-}
-
 impl TrainerConfig for GrpoConfig {
     const KEYS: &'static [&'static str] = GRPO_KEYS;
 
@@ -362,6 +349,26 @@ impl GrpoConfig {
             self.train_batch()
         } else {
             self.generation_batch_size
+        }
+    }
+
+    /// The advantage settings (`scale_rewards`, `advantage_epsilon`, `advantage_clip`).
+    pub fn advantage_config(&self) -> AdvantageConfig {
+        AdvantageConfig {
+            scale: self.scale_rewards,
+            epsilon: self.advantage_epsilon,
+            clamp: (self.advantage_clip > 0.0).then_some(self.advantage_clip),
+        }
+    }
+
+    /// The loss settings (`loss_type`, `epsilon`, `epsilon_high`, `beta`).
+    pub fn loss_config(&self) -> LossConfig {
+        LossConfig {
+            loss_type: self.loss_type,
+            epsilon_low: self.epsilon,
+            epsilon_high: self.epsilon_high(),
+            beta: self.beta,
+            max_completion_length: self.max_completion_length,
         }
     }
 

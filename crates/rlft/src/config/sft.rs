@@ -47,19 +47,6 @@ impl Default for SftConfig {
 /// The SFT keys besides [`super::TRAINING_KEYS`].
 pub const SFT_KEYS: &[&str] = &["eval_size", "max_length", "truncation", "packing"];
 
-impl SftConfig {
-    /// Reads `path`, applies `key=value` overrides, checks keys and values
-    /// ([`TrainerConfig::load`]).
-    pub fn load(path: &std::path::Path, overrides: &[String]) -> Result<Self, ConfigError> {
-        <Self as TrainerConfig>::load(path, overrides)
-    }
-
-    /// Builds from a parsed TOML table ([`TrainerConfig::from_table`]).
-    pub fn from_table(table: toml::Table, origin: &str) -> Result<Self, ConfigError> {
-        <Self as TrainerConfig>::from_table(table, origin)
-    }
-}
-
 impl TrainerConfig for SftConfig {
     const KEYS: &'static [&'static str] = SFT_KEYS;
 

@@ -10,5 +10,5 @@
 pub mod setup;
 pub mod trainer;
 
-pub use setup::{prepare, Prepared};
-pub use trainer::{eval_settings, train, GrpoSummary};
+pub use setup::{eval_settings, prepare, Prepared};
+pub use trainer::{train, GrpoSummary};

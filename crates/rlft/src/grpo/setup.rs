@@ -4,15 +4,59 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::Device;
-use rlft_data::{list_splits, load_dataset};
+use rlft_data::{list_splits, load_dataset, Dataset};
 use rlft_model::CausalLm;
 use rlft_rewards::RewardSet;
 use rlft_text::TextBundle;
 
-use crate::config::grpo::{BatchPlan, GrpoConfig};
-use crate::data::prompts::{build_prompts, PromptItem};
+use rlft_model::sampling::SamplingParams;
+
+use crate::config::grpo::{BatchPlan, EvalDecoding, GrpoConfig};
+use crate::data::prompts::{build_prompts, PromptItem, PromptReport};
 use crate::error::{Result, TrainerError};
+use crate::rollout::eval::EvalSettings;
+use crate::rollout::RolloutSettings;
+use crate::run::optim::mix;
 use crate::run::{setup, Policy};
+
+/// Prompts an eval pass generates at once (also what `rlft plan` sizes its KV caches for).
+pub const EVAL_BATCH: usize = 16;
+
+/// The rollouts' sampling settings.
+pub fn sampling(cfg: &GrpoConfig) -> SamplingParams {
+    SamplingParams {
+        temperature: cfg.temperature as f32,
+        top_k: cfg.top_k,
+        top_p: cfg.top_p as f32,
+        min_p: cfg.min_p as f32,
+        repetition_penalty: cfg.repetition_penalty as f32,
+    }
+}
+
+/// The sampling of one rollout of `policy` with seed `seed`.
+pub fn rollout_settings(cfg: &GrpoConfig, policy: &Policy, seed: u64) -> RolloutSettings {
+    RolloutSettings {
+        num_generations: cfg.num_generations,
+        max_new_tokens: cfg.max_completion_length,
+        sampling: sampling(cfg),
+        seed,
+        eos_token_ids: policy.generation.eos_token_ids.clone(),
+        pad_token_id: policy.pad_id,
+    }
+}
+
+/// Eval settings of a config.
+pub fn eval_settings(cfg: &GrpoConfig, eos_token_ids: &[u32], pad_token_id: u32) -> EvalSettings {
+    EvalSettings {
+        greedy: cfg.eval_decoding == EvalDecoding::Greedy,
+        sampling: sampling(cfg),
+        max_new_tokens: cfg.max_completion_length,
+        seed: mix(cfg.args.seed, u64::MAX),
+        eos_token_ids: eos_token_ids.to_vec(),
+        pad_token_id,
+        batch_size: EVAL_BATCH,
+    }
+}
 
 /// A policy, prompts and rewards ready to train.
 pub struct Prepared {
@@ -72,6 +116,23 @@ pub fn eval_source(cfg: &GrpoConfig) -> Option<(PathBuf, Option<String>)> {
     }
 }
 
+/// The prompts of `ds` as the config renders and limits them (`prompt_column`,
+/// `system_prompt`, `max_prompt_length`, `prompt_truncation`).
+pub fn prompts(
+    cfg: &GrpoConfig,
+    ds: &Dataset,
+    text: &TextBundle,
+) -> Result<(Vec<PromptItem>, PromptReport)> {
+    build_prompts(
+        ds,
+        text,
+        &cfg.prompt_column,
+        cfg.args.system_prompt.as_deref(),
+        cfg.max_prompt_length,
+        cfg.prompt_truncation,
+    )
+}
+
 /// Loads the eval prompts the config names: `eval_dataset` (with `eval_split`), else
 /// `dataset`'s `eval_split` (default "test" when the DatasetDict has one). Empty when none.
 pub fn eval_prompts(cfg: &GrpoConfig, text: &TextBundle) -> Result<Vec<PromptItem>> {
@@ -79,14 +140,7 @@ pub fn eval_prompts(cfg: &GrpoConfig, text: &TextBundle) -> Result<Vec<PromptIte
         return Ok(Vec::new());
     };
     let ds = load_dataset(&path, split.as_deref())?;
-    let (mut items, report) = build_prompts(
-        &ds,
-        text,
-        &cfg.prompt_column,
-        cfg.args.system_prompt.as_deref(),
-        cfg.max_prompt_length,
-        cfg.prompt_truncation,
-    )?;
+    let (mut items, report) = prompts(cfg, &ds, text)?;
     if cfg.eval_max_prompts > 0 {
         items.truncate(cfg.eval_max_prompts);
     }
@@ -114,14 +168,7 @@ pub fn prepare(cfg: &GrpoConfig, model_path: &Path, device: &Device) -> Result<P
             a.dataset.display()
         )));
     }
-    let (train, report) = build_prompts(
-        &ds,
-        &policy.text,
-        &cfg.prompt_column,
-        a.system_prompt.as_deref(),
-        cfg.max_prompt_length,
-        cfg.prompt_truncation,
-    )?;
+    let (train, report) = prompts(cfg, &ds, &policy.text)?;
     eprintln!("train prompts: {report}");
     // Every reward must find its columns: score one dummy completion of the first row.
     check_reward_columns(cfg, &mut rewards, &train)?;

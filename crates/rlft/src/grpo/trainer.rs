@@ -8,25 +8,23 @@
 //! The rollout seed is `mix(seed, global_step)`, so a resumed run samples what it would have.
 
 use candle_core::Tensor;
-use rlft_model::sampling::SamplingParams;
 use rlft_model::CausalLm;
-use rlft_rewards::RewardSet;
+use rlft_rewards::{RewardSet, Scores};
 
+use super::setup::{eval_settings, rollout_settings};
 use super::Prepared;
-use crate::algo::{
-    compute_advantages, grpo_loss, AdvantageConfig, LossConfig, LossInputs, LossNormalizer,
-};
-use crate::config::grpo::{BatchPlan, EvalDecoding, GrpoConfig};
+use crate::algo::{compute_advantages, grpo_loss, LossInputs, LossNormalizer};
+use crate::config::grpo::{BatchPlan, GrpoConfig};
 use crate::data::prompts::PromptItem;
 use crate::data::DataCursor;
 use crate::error::Result;
 use crate::error::TrainerError;
-use crate::rollout::eval::{evaluate, sample_reward_parts, EvalSettings};
-use crate::rollout::samples::{LoggedSample, SampleLog};
-use crate::rollout::stats::{length_metrics, reward_metrics, HealthMonitor};
+use crate::rollout::eval::evaluate;
+use crate::rollout::samples::{pick, LoggedSample, SampleLog};
+use crate::rollout::stats::{rollout_metrics, HealthMonitor};
 use crate::rollout::{
-    generate_and_score, no_grad_passes, pad_rows, score_batch, timed, NoGradPasses,
-    RolloutSettings, Sample, ScoreOptions,
+    generate_and_score, no_grad_passes, policy_pass, timed, MicroRows, NoGradPasses, Sample,
+    ScoreOptions,
 };
 use crate::run::optim::mix;
 use crate::run::{
@@ -36,41 +34,14 @@ use crate::run::{
 /// What a finished (or interrupted) GRPO run reports.
 pub type GrpoSummary = RunSummary;
 
-/// Prompts an eval pass generates at once (also what `rlft plan` sizes its KV caches for).
-pub const EVAL_BATCH: usize = 16;
-
 /// A rollout with everything its optimiser steps need.
 pub struct Rollout {
     samples: Vec<Sample>,
     advantages: Vec<f64>,
     old: Option<Vec<Vec<f32>>>,
     reference: Option<Vec<Vec<f32>>>,
+    scores: Scores,
     metrics: Metrics,
-    /// Completions picked for samples.jsonl: index, reward parts, total.
-    logged: Vec<(usize, Vec<(String, f64)>, f64)>,
-}
-
-fn sampling(cfg: &GrpoConfig) -> SamplingParams {
-    SamplingParams {
-        temperature: cfg.temperature as f32,
-        top_k: cfg.top_k,
-        top_p: cfg.top_p as f32,
-        min_p: cfg.min_p as f32,
-        repetition_penalty: cfg.repetition_penalty as f32,
-    }
-}
-
-/// Eval settings of a config.
-pub fn eval_settings(cfg: &GrpoConfig, eos_token_ids: &[u32], pad_token_id: u32) -> EvalSettings {
-    EvalSettings {
-        greedy: cfg.eval_decoding == EvalDecoding::Greedy,
-        sampling: sampling(cfg),
-        max_new_tokens: cfg.max_completion_length,
-        seed: mix(cfg.args.seed, u64::MAX),
-        eos_token_ids: eos_token_ids.to_vec(),
-        pad_token_id,
-        batch_size: EVAL_BATCH,
-    }
 }
 
 /// GRPO as an [`Algorithm`].
@@ -134,14 +105,7 @@ impl Algorithm for Grpo<'_> {
     ) -> Result<Rollout> {
         let cfg = self.cfg;
         let prompts = data.take(self.plan.rollout_prompts);
-        let settings = RolloutSettings {
-            num_generations: cfg.num_generations,
-            max_new_tokens: cfg.max_completion_length,
-            sampling: sampling(cfg),
-            seed: mix(cfg.args.seed, at.global_step),
-            eos_token_ids: policy.generation.eos_token_ids.clone(),
-            pad_token_id: policy.pad_id,
-        };
+        let settings = rollout_settings(cfg, policy, mix(cfg.args.seed, at.global_step));
         let (samples, scores) = generate_and_score(
             &policy.model,
             &policy.text,
@@ -155,11 +119,7 @@ impl Algorithm for Grpo<'_> {
             Ok(compute_advantages(
                 &scores.total,
                 cfg.num_generations,
-                &AdvantageConfig {
-                    scale: cfg.scale_rewards,
-                    epsilon: cfg.advantage_epsilon,
-                    clamp: (cfg.advantage_clip > 0.0).then_some(cfg.advantage_clip),
-                },
+                &cfg.advantage_config(),
             ))
         })?;
         let needs = super::setup::passes(cfg, &self.plan);
@@ -174,30 +134,20 @@ impl Algorithm for Grpo<'_> {
             share_prompts: cfg.share_prompts,
         };
         let (old, reference) = no_grad_passes(&passes, self.train, &samples, times)?;
-        let mut metrics = reward_metrics("", &self.names, &scores, &adv.group_std);
-        metrics.push(("frac_reward_zero_std".into(), adv.frac_zero_std));
-        let lens: Vec<usize> = samples.iter().map(|s| s.completion_ids.len()).collect();
-        let trunc: Vec<bool> = samples.iter().map(|s| s.truncated).collect();
-        metrics.extend(length_metrics("", &lens, &trunc));
-        // Samples to log: the first completion of the first few groups.
-        let logged = (0..samples.len())
-            .step_by(cfg.num_generations)
-            .take(cfg.num_completions_to_log)
-            .map(|i| {
-                (
-                    i,
-                    sample_reward_parts(&self.names, &scores, i),
-                    scores.total[i],
-                )
-            })
-            .collect();
+        let metrics = rollout_metrics(
+            &self.names,
+            &scores,
+            &adv.group_std,
+            adv.frac_zero_std,
+            &samples,
+        );
         Ok(Rollout {
             samples,
             advantages: adv.values,
             old,
             reference,
+            scores,
             metrics,
-            logged,
         })
     }
 
@@ -230,8 +180,14 @@ impl Algorithm for Grpo<'_> {
             .filter(|&&i| keep(i))
             .map(|&i| r.samples[i].completion_ids.len())
             .sum();
-        let device = policy.model.device();
-        let refs: Vec<&Sample> = mb.iter().map(|&i| &r.samples[i]).collect();
+        let keep: Vec<bool> = mb.iter().map(|&i| keep(i)).collect();
+        let rows = MicroRows {
+            samples: &r.samples,
+            rows: mb,
+            keep: &keep,
+            old: r.old.as_deref(),
+            reference: r.reference.as_deref(),
+        };
         let o = ScoreOptions {
             pad_id: policy.pad_id,
             grad: true,
@@ -239,45 +195,23 @@ impl Algorithm for Grpo<'_> {
             temperature: cfg.temperature,
             share_prompts: cfg.share_prompts,
         };
-        let sb = score_batch(&policy.model, self.train, &refs, o)?;
-        let tc = sb.mask.dim(1)?;
-        let row_keep: Vec<f32> = mb.iter().map(|&i| f32::from(u8::from(keep(i)))).collect();
-        let mask = sb
-            .mask
-            .broadcast_mul(&Tensor::from_vec(row_keep, (mb.len(), 1), device)?)?;
-        let rows = |v: &Option<Vec<Vec<f32>>>| -> Result<Option<Tensor>> {
-            v.as_ref()
-                .map(|v| {
-                    pad_rows(
-                        &mb.iter().map(|&i| &v[i][..]).collect::<Vec<_>>(),
-                        tc,
-                        device,
-                    )
-                })
-                .transpose()
-        };
-        let (old, reference) = (rows(&r.old)?, rows(&r.reference)?);
+        let pass = policy_pass(&policy.model, self.train, &rows, o)?;
+        let device = policy.model.device();
         let adv: Vec<f32> = mb.iter().map(|&i| r.advantages[i] as f32).collect();
         let adv = Tensor::from_vec(adv, mb.len(), device)?;
         let out = grpo_loss(
             &LossInputs {
-                logp: &sb.logprobs,
-                old_logp: old.as_ref(),
-                ref_logp: reference.as_ref(),
+                logp: &pass.logp,
+                old_logp: pass.old.as_ref(),
+                ref_logp: pass.reference.as_ref(),
                 advantages: &adv,
-                mask: &mask,
+                mask: &pass.mask,
                 normalizer: LossNormalizer {
                     accumulation_steps: cfg.args.gradient_accumulation_steps,
                     num_items_in_batch: num_items.max(1) as f64,
                 },
             },
-            &LossConfig {
-                loss_type: cfg.loss_type,
-                epsilon_low: cfg.epsilon,
-                epsilon_high: cfg.epsilon_high(),
-                beta: cfg.beta,
-                max_completion_length: cfg.max_completion_length,
-            },
+            &cfg.loss_config(),
         )?;
         let ntok = out.stats.tokens;
         stats.add("clip_ratio/low_mean", out.stats.clip_low, ntok);
@@ -286,15 +220,10 @@ impl Algorithm for Grpo<'_> {
         if let Some(kl) = out.stats.kl {
             stats.add("kl", kl, ntok);
         }
-        if let Some(e) = sb.entropy {
-            let m = mask.to_dtype(e.dtype())?;
-            let s = (e * &m)?.sum_all()?.to_scalar::<f32>()? as f64;
-            let c = m.sum_all()?.to_scalar::<f32>()? as f64;
-            if c > 0.0 {
-                stats.add("entropy", s / c, ntok);
-            }
+        if let Some(e) = pass.entropy {
+            stats.add("entropy", e, ntok);
         }
-        stats.tokens += sb.num_tokens;
+        stats.tokens += pass.num_tokens;
         Ok(out.loss)
     }
 
@@ -341,23 +270,18 @@ impl Algorithm for Grpo<'_> {
         if !first_of_unit {
             return Ok(());
         }
-        let logged: Vec<LoggedSample<'_>> = r
-            .logged
-            .iter()
-            .map(|(i, parts, total)| {
-                let s = &r.samples[*i];
-                LoggedSample {
-                    split: "train",
-                    prompt: &self.train[s.prompt].text,
-                    completion: &s.text,
-                    reward: *total,
-                    rewards: parts.clone(),
-                    advantage: Some(r.advantages[*i]),
-                    completion_tokens: s.completion_ids.len(),
-                    truncated: s.truncated,
-                }
-            })
-            .collect();
+        // The first completion of the first few groups.
+        let firsts = (0..r.samples.len()).step_by(self.cfg.num_generations);
+        let picks = firsts.take(self.cfg.num_completions_to_log);
+        let scored = (&self.names[..], &r.scores);
+        let logged = pick(
+            "train",
+            self.train,
+            &r.samples,
+            scored,
+            Some(&r.advantages),
+            picks,
+        );
         self.write_samples(step, &logged)
     }
 
@@ -374,22 +298,8 @@ impl Algorithm for Grpo<'_> {
             &settings,
         )?;
         let keep = self.cfg.num_completions_to_log.max(1) * 2;
-        let logged: Vec<LoggedSample<'_>> = r
-            .samples
-            .iter()
-            .enumerate()
-            .take(keep)
-            .map(|(i, s)| LoggedSample {
-                split: "eval",
-                prompt: &self.eval[s.prompt].text,
-                completion: &s.text,
-                reward: r.scores.total[i],
-                rewards: sample_reward_parts(&self.names, &r.scores, i),
-                advantage: None,
-                completion_tokens: s.completion_ids.len(),
-                truncated: s.truncated,
-            })
-            .collect();
+        let scored = (&self.names[..], &r.scores);
+        let logged = pick("eval", self.eval, &r.samples, scored, None, 0..keep);
         self.write_samples(at.global_step, &logged)?;
         Ok(Some(r.metrics))
     }

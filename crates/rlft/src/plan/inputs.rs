@@ -10,9 +10,8 @@ use super::{EvalPrompts, GrpoShape, LoraShape, PlanError, RunShape, SftShape, Tu
 use crate::config::grpo::GrpoConfig;
 use crate::config::sft::SftConfig;
 use crate::config::{LoraSettings, TrainingArgs};
-use crate::data::prompts::build_prompts;
 use crate::data::sft::{build_example, fit_length, LengthReport, SftFormat};
-pub use crate::grpo::trainer::EVAL_BATCH;
+pub use crate::grpo::setup::EVAL_BATCH;
 
 /// Where the lengths of a plan come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -53,15 +52,8 @@ fn longest_prompt(
     split: Option<&str>,
 ) -> Result<(usize, usize), PlanError> {
     let ds = load_dataset(path, split)?;
-    let (items, _) = build_prompts(
-        &ds,
-        text,
-        &cfg.prompt_column,
-        cfg.args.system_prompt.as_deref(),
-        cfg.max_prompt_length,
-        cfg.prompt_truncation,
-    )
-    .map_err(|e| PlanError::Data(e.to_string()))?;
+    let (items, _) =
+        crate::grpo::setup::prompts(cfg, &ds, text).map_err(|e| PlanError::Data(e.to_string()))?;
     let longest = items.iter().map(|i| i.ids.len()).max().unwrap_or(0);
     Ok((items.len(), longest))
 }

@@ -400,6 +400,79 @@ pub fn no_grad_passes(
     Ok((old, reference))
 }
 
+/// A micro-batch of rollout samples scored by the policy with a graph: what every
+/// policy-gradient loss of the online trainers takes.
+pub struct PolicyPass {
+    /// `[n, Tc]` per-token log-probs (differentiable).
+    pub logp: Tensor,
+    /// `[n, Tc]` 1 on completion tokens that count (padding and masked rows 0).
+    pub mask: Tensor,
+    /// `[n, Tc]` old-policy log-probs of the rows, when the rollout kept them.
+    pub old: Option<Tensor>,
+    /// `[n, Tc]` reference log-probs of the rows, when the rollout has them.
+    pub reference: Option<Tensor>,
+    /// Mean token entropy over `mask` (None without counted tokens).
+    pub entropy: Option<f64>,
+    /// Input tokens that are not padding.
+    pub num_tokens: usize,
+}
+
+/// The rows of a rollout a micro-batch reads.
+pub struct MicroRows<'a> {
+    /// The rollout's samples.
+    pub samples: &'a [Sample],
+    /// The micro-batch: indices into `samples`.
+    pub rows: &'a [usize],
+    /// Per row: whether its tokens count (e.g. not a truncated completion under DAPO's mask).
+    pub keep: &'a [bool],
+    /// Old-policy log-probs of every sample (no grad), when kept.
+    pub old: Option<&'a [Vec<f32>]>,
+    /// Reference log-probs of every sample (no grad), when computed.
+    pub reference: Option<&'a [Vec<f32>]>,
+}
+
+/// Scores micro-batch `m` with the policy (graph, entropy), masks rows not kept and pads the
+/// old and reference log-probs to the batch's completion length.
+pub fn policy_pass(
+    model: &CausalLm,
+    items: &[PromptItem],
+    m: &MicroRows<'_>,
+    opts: ScoreOptions,
+) -> Result<PolicyPass> {
+    let device = model.device();
+    let refs: Vec<&Sample> = m.rows.iter().map(|&i| &m.samples[i]).collect();
+    let sb = score_batch(model, items, &refs, opts)?;
+    let tc = sb.mask.dim(1)?;
+    let keep: Vec<f32> = m.keep.iter().map(|&k| f32::from(u8::from(k))).collect();
+    let mask = sb
+        .mask
+        .broadcast_mul(&Tensor::from_vec(keep, (m.rows.len(), 1), device)?)?;
+    let pad = |v: Option<&[Vec<f32>]>| -> Result<Option<Tensor>> {
+        v.map(|v| {
+            let rows: Vec<&[f32]> = m.rows.iter().map(|&i| &v[i][..]).collect();
+            pad_rows(&rows, tc, device)
+        })
+        .transpose()
+    };
+    let entropy = match &sb.entropy {
+        Some(e) => {
+            let w = mask.to_dtype(e.dtype())?;
+            let s = (e * &w)?.sum_all()?.to_scalar::<f32>()? as f64;
+            let c = w.sum_all()?.to_scalar::<f32>()? as f64;
+            (c > 0.0).then(|| s / c)
+        }
+        None => None,
+    };
+    Ok(PolicyPass {
+        logp: sb.logprobs,
+        old: pad(m.old)?,
+        reference: pad(m.reference)?,
+        mask,
+        entropy,
+        num_tokens: sb.num_tokens,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,12 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use rlft_rewards::Scores;
 use serde_json::{Map, Value};
+
+use super::eval::sample_reward_parts;
+use super::Sample;
+use crate::data::prompts::PromptItem;
 
 /// File name of the samples log.
 pub const SAMPLES_FILE: &str = "samples.jsonl";
@@ -44,6 +49,36 @@ pub struct LoggedSample<'a> {
     pub completion_tokens: usize,
     /// Hit max_completion_length.
     pub truncated: bool,
+}
+
+/// The samples.jsonl lines of completions `picks` (indices into `samples`, those past its end
+/// left out) of a scored batch of prompts `items`; `advantages` for training rollouts.
+pub fn pick<'a>(
+    split: &'a str,
+    items: &'a [PromptItem],
+    samples: &'a [Sample],
+    scored: (&[String], &Scores),
+    advantages: Option<&[f64]>,
+    picks: impl IntoIterator<Item = usize>,
+) -> Vec<LoggedSample<'a>> {
+    let (names, scores) = scored;
+    picks
+        .into_iter()
+        .filter(|&i| i < samples.len())
+        .map(|i| {
+            let s = &samples[i];
+            LoggedSample {
+                split,
+                prompt: &items[s.prompt].text,
+                completion: &s.text,
+                reward: scores.total[i],
+                rewards: sample_reward_parts(names, scores, i),
+                advantage: advantages.map(|a| a[i]),
+                completion_tokens: s.completion_ids.len(),
+                truncated: s.truncated,
+            }
+        })
+        .collect()
 }
 
 impl SampleLog {

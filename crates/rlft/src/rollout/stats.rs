@@ -76,6 +76,23 @@ pub fn length_metrics(prefix: &str, lens: &[usize], truncated: &[bool]) -> Metri
     ]
 }
 
+/// The metrics of a scored rollout: rewards (with the group stds), the fraction of groups whose
+/// rewards do not vary (`frac_reward_zero_std`) and completion lengths.
+pub fn rollout_metrics(
+    names: &[String],
+    scores: &Scores,
+    group_std: &[f64],
+    frac_zero_std: f64,
+    samples: &[super::Sample],
+) -> Metrics {
+    let mut metrics = reward_metrics("", names, scores, group_std);
+    metrics.push(("frac_reward_zero_std".into(), frac_zero_std));
+    let lens: Vec<usize> = samples.iter().map(|s| s.completion_ids.len()).collect();
+    let trunc: Vec<bool> = samples.iter().map(|s| s.truncated).collect();
+    metrics.extend(length_metrics("", &lens, &trunc));
+    metrics
+}
+
 /// A warning with its likely fix.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HealthWarning {

@@ -97,6 +97,27 @@ pub struct RunSummary {
     pub wall_time_s: f64,
 }
 
+impl RunSummary {
+    /// Eval metric `key` before training.
+    pub fn initial_metric(&self, key: &str) -> Option<f64> {
+        find(self.eval_initial.as_deref()?, key)
+    }
+
+    /// Eval metric `key` at the end.
+    pub fn final_metric(&self, key: &str) -> Option<f64> {
+        find(self.eval_final.as_deref()?, key)
+    }
+
+    /// Metric `key` of every step run in this process that logged it.
+    pub fn step_values(&self, key: &str) -> Vec<f64> {
+        self.steps.iter().filter_map(|m| find(m, key)).collect()
+    }
+}
+
+fn find(m: &[(String, f64)], key: &str) -> Option<f64> {
+    m.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+}
+
 /// Where the run is, for an algorithm's hooks.
 #[derive(Debug, Clone, Copy)]
 pub struct Position {
@@ -184,14 +205,17 @@ pub trait Algorithm: Send {
     fn evaluate(&mut self, policy: &Policy, at: Position) -> Result<Option<Metrics>>;
 }
 
-/// `label value` pairs of `keys` found in `metrics`.
+/// `label value` pairs of `keys` found in `metrics` (the learning rate in scientific notation,
+/// whose values are too small for three decimals).
 pub fn short(metrics: &[(String, f64)], keys: &[(&str, &str)]) -> String {
     keys.iter()
         .filter_map(|(k, label)| {
-            metrics
-                .iter()
-                .find(|(n, _)| n == k)
-                .map(|(_, v)| format!("{label} {v:.3}"))
+            let v = find(metrics, k)?;
+            Some(if *k == "learning_rate" {
+                format!("{label} {v:.2e}")
+            } else {
+                format!("{label} {v:.3}")
+            })
         })
         .collect::<Vec<_>>()
         .join(" ")

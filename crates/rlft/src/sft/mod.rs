@@ -8,8 +8,6 @@
 pub mod batch;
 mod setup;
 
-use std::path::PathBuf;
-
 use candle_core::{DType, Tensor};
 use serde_json::{json, Value};
 
@@ -17,27 +15,10 @@ use crate::config::sft::SftConfig;
 use crate::data::sft::SftExample;
 use crate::data::DataCursor;
 use crate::error::Result;
-use crate::run::{Algorithm, Metrics, Policy, Position, RunOptions, StepOutcome, StepStats};
+use crate::run::{
+    Algorithm, Metrics, Policy, Position, RunOptions, RunSummary, StepOutcome, StepStats,
+};
 pub use setup::{prepare, Prepared};
-
-/// What a finished (or interrupted) SFT run reports.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SftSummary {
-    /// Optimiser steps taken in total.
-    pub global_step: u64,
-    /// Eval loss before training (None without eval data or when resuming).
-    pub initial_eval_loss: Option<f64>,
-    /// Eval loss at the end.
-    pub final_eval_loss: Option<f64>,
-    /// Train loss of every step run in this process.
-    pub train_losses: Vec<f64>,
-    /// Steps skipped for non-finite gradients.
-    pub skipped_steps: u64,
-    /// Whether Ctrl-C stopped the run early.
-    pub interrupted: bool,
-    /// Where the final model (or adapter) was written.
-    pub final_dir: Option<PathBuf>,
-}
 
 /// Mean token NLL over `examples` without gradients.
 fn eval_loss(policy: &Policy, examples: &[SftExample], batch_size: usize) -> Result<Option<f64>> {
@@ -55,10 +36,6 @@ fn eval_loss(policy: &Policy, examples: &[SftExample], batch_size: usize) -> Res
         count += mb.num_targets;
     }
     Ok(Some(total / count.max(1) as f64))
-}
-
-fn metric(m: &[(String, f64)], key: &str) -> Option<f64> {
-    m.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
 }
 
 /// SFT as an [`Algorithm`]: a unit is one optimiser step's micro-batches of example indices.
@@ -161,32 +138,23 @@ impl Algorithm for Sft<'_> {
 
 /// Runs SFT as configured. Prints progress when asked; writes metrics, checkpoints and the final
 /// model under `output_dir`.
-pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<SftSummary> {
+pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<RunSummary> {
     let mut algo = Sft {
         cfg,
         train: &p.train,
         eval: &p.eval,
         total_steps: p.total_steps as u64,
     };
-    let s = crate::run::run(cfg, &mut algo, &mut p.policy, opts)?;
-    Ok(SftSummary {
-        global_step: s.global_step,
-        initial_eval_loss: s.eval_initial.and_then(|m| metric(&m, "eval_loss")),
-        final_eval_loss: s.eval_final.and_then(|m| metric(&m, "eval_loss")),
-        train_losses: s.steps.iter().filter_map(|m| metric(m, "loss")).collect(),
-        skipped_steps: s.skipped_steps,
-        interrupted: s.interrupted,
-        final_dir: s.final_dir,
-    })
+    crate::run::run(cfg, &mut algo, &mut p.policy, opts)
 }
 
 /// The JSON summary line `rlft sft` prints at the end.
-pub fn summary_json(s: &SftSummary) -> Value {
+pub fn summary_json(s: &RunSummary) -> Value {
     json!({
         "global_step": s.global_step,
-        "initial_eval_loss": s.initial_eval_loss,
-        "final_eval_loss": s.final_eval_loss,
-        "last_train_loss": s.train_losses.last(),
+        "initial_eval_loss": s.initial_metric("eval_loss"),
+        "final_eval_loss": s.final_metric("eval_loss"),
+        "last_train_loss": s.step_values("loss").last(),
         "skipped_steps": s.skipped_steps,
         "interrupted": s.interrupted,
         "final_dir": s.final_dir,
