@@ -3,6 +3,8 @@
 //! accumulation 2, resume equals an uninterrupted run, LoRA with a KL term trains adapters
 //! only, and bad inputs fail with the fix.
 
+mod common;
+
 use std::path::Path;
 
 use candle_core::Device;
@@ -13,19 +15,6 @@ use rlft::run::RunOptions;
 use rlft_model::config::Family;
 use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
 
-fn write_prompts(path: &Path, n: usize) {
-    let mut s = String::new();
-    for i in 0..n {
-        let (a, b) = (i * 7 % 23, i * 5 % 17);
-        s.push_str(
-            &serde_json::json!({"prompt": format!("{a}+{b}="), "answer": format!("{}", a + b)})
-                .to_string(),
-        );
-        s.push('\n');
-    }
-    std::fs::write(path, s).unwrap();
-}
-
 /// A config over a tiny model; the reward (a digit anywhere) varies within groups of random
 /// byte completions, so advantages are not all zero.
 fn config(dir: &Path, extra: &str) -> GrpoConfig {
@@ -35,7 +24,7 @@ fn config(dir: &Path, extra: &str) -> GrpoConfig {
     }
     let data = dir.join("prompts.jsonl");
     if !data.exists() {
-        write_prompts(&data, 16);
+        common::write_sums(&data, 16, "answer");
     }
     let text = format!(
         r#"

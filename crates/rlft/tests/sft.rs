@@ -1,6 +1,8 @@
 //! SFT end to end on a tiny random model: it learns, resume equals an uninterrupted run,
 //! batch 8 x accumulation 1 equals batch 1 x accumulation 8, LoRA trains only adapters.
 
+mod common;
+
 use std::path::Path;
 
 use candle_core::Device;
@@ -11,25 +13,11 @@ use rlft::sft::{prepare, train};
 use rlft_model::config::Family;
 use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
 
-/// A small arithmetic-answer dataset: "12+7=" -> "19".
-fn write_dataset(path: &Path, n: usize) {
-    let mut s = String::new();
-    for i in 0..n {
-        let (a, b) = (i * 7 % 23, i * 5 % 17);
-        s.push_str(
-            &serde_json::json!({"prompt": format!("{a}+{b}="), "completion": format!("{}", a + b)})
-                .to_string(),
-        );
-        s.push('\n');
-    }
-    std::fs::write(path, s).unwrap();
-}
-
 fn setup(dir: &Path) -> SftConfig {
     let model = dir.join("model");
     save_tiny_hf_dir(tiny_config(Family::Qwen2), 1, &model).unwrap();
     let data = dir.join("data.jsonl");
-    write_dataset(&data, 40);
+    common::write_sums(&data, 40, "completion");
     SftConfig {
         args: TrainingArgs {
             model: model.display().to_string(),

@@ -202,6 +202,21 @@ pub fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
     })
 }
 
+/// Checks that the keys `cfg` serialises to are exactly [`TRAINING_KEYS`] and `C::KEYS` (its
+/// optional fields set), so the key lists that unknown-key errors use cannot drift.
+#[cfg(test)]
+pub(crate) fn assert_keys_are_fields<C: TrainerConfig>(cfg: &C) {
+    let d = toml::Value::try_from(cfg).unwrap();
+    let keys: Vec<&String> = d.as_table().unwrap().keys().collect();
+    assert_eq!(keys.len(), C::KEYS.len() + TRAINING_KEYS.len());
+    for k in keys {
+        assert!(
+            C::KEYS.contains(&k.as_str()) || TRAINING_KEYS.contains(&k.as_str()),
+            "{k} is not in the key lists"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,17 @@
+//! What the trainers' end-to-end tests share: a small arithmetic dataset.
+
+use std::path::Path;
+
+/// Writes `n` rows `{"prompt": "12+7=", <answer_key>: "19"}` to `path` (JSONL).
+pub fn write_sums(path: &Path, n: usize, answer_key: &str) {
+    let mut s = String::new();
+    for i in 0..n {
+        let (a, b) = (i * 7 % 23, i * 5 % 17);
+        let mut row = serde_json::Map::new();
+        row.insert("prompt".into(), format!("{a}+{b}=").into());
+        row.insert(answer_key.into(), format!("{}", a + b).into());
+        s.push_str(&serde_json::Value::Object(row).to_string());
+        s.push('\n');
+    }
+    std::fs::write(path, s).unwrap();
+}
