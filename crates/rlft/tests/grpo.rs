@@ -63,23 +63,7 @@ pattern = "[a-z]"
 fn run(cfg: &GrpoConfig, opts: &RunOptions) -> (GrpoSummary, Vec<(String, Vec<f32>)>) {
     let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
     let s = train(cfg, &mut p, opts).unwrap();
-    let w = p
-        .policy
-        .vars
-        .iter()
-        .map(|(n, v)| {
-            (
-                n.clone(),
-                v.as_tensor()
-                    .to_dtype(candle_core::DType::F32)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap(),
-            )
-        })
-        .collect();
+    let w = common::weights(&p.policy);
     (s, w)
 }
 

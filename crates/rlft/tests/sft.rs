@@ -40,17 +40,7 @@ fn setup(dir: &Path) -> SftConfig {
 fn run(cfg: &SftConfig, opts: &RunOptions) -> (rlft::run::RunSummary, Vec<(String, Vec<f32>)>) {
     let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
     let s = train(cfg, &mut p, opts).unwrap();
-    let w = p
-        .policy
-        .vars
-        .iter()
-        .map(|(n, v)| {
-            (
-                n.clone(),
-                v.as_tensor().flatten_all().unwrap().to_vec1().unwrap(),
-            )
-        })
-        .collect();
+    let w = common::weights(&p.policy);
     (s, w)
 }
 

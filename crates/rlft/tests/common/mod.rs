@@ -15,3 +15,15 @@ pub fn write_sums(path: &Path, n: usize, answer_key: &str) {
     }
     std::fs::write(path, s).unwrap();
 }
+
+/// The trainable weights of `policy` as f32 vectors, by name (to compare runs bit for bit).
+pub fn weights(policy: &rlft::run::Policy) -> Vec<(String, Vec<f32>)> {
+    policy
+        .vars
+        .iter()
+        .map(|(n, v)| {
+            let t = v.as_tensor().to_dtype(candle_core::DType::F32).unwrap();
+            (n.clone(), t.flatten_all().unwrap().to_vec1().unwrap())
+        })
+        .collect()
+}
