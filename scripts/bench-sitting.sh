@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One benchmark sitting: `rlft bench` runs each case in a fresh process and, right after it, the
-# PyTorch/TRL reference's same case (../shared/bench/trl_cpu, built by its setup.sh), on a machine
-# with nothing else running; the whole sitting holds /tmp/rlft-bench.lock. The JSON result (per
-# case: rlft and reference medians, spreads, peak RSS, ratio, warnings; the machine, commit and
-# date) is printed and written to $OUT/bench-<UTC time>.json (default OUT=/tmp/rlft-sitting).
+# PyTorch/TRL reference's same case (bench/reference/, built once by
+# `bash bench/reference/setup.sh`), on a machine with nothing else running; the whole sitting
+# holds /tmp/rlft-bench.lock. The JSON result (per case: rlft and reference medians, spreads, peak
+# RSS, ratio, warnings; the machine, commit and date) is printed and written to
+# $OUT/bench-<UTC time>.json (default OUT=/tmp/rlft-sitting).
 #
 #   ./scripts/bench-sitting.sh [cases...]   cases: generate fwd_bwd lora adamw ref_pass grpo (default all)
 #   REPS=5 ROUNDS=2 ./scripts/bench-sitting.sh fwd_bwd lora

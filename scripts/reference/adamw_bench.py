@@ -2,7 +2,7 @@
 crates/rlft-train/examples/adamw_bench.rs (same shapes, lr 1e-6, weight decay 0, fixed gradients,
 one warm-up step, median [min] of --reps timed steps), to compare ratios in one sitting.
 
-Run: flock /tmp/rlft-bench.lock ~/.cache/rlft-baseline/venv/bin/python scripts/reference/adamw_bench.py
+Run: flock /tmp/rlft-bench.lock ~/.cache/rlft/reference/venv/bin/python scripts/reference/adamw_bench.py
 """
 
 import argparse

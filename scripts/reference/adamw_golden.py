@@ -12,7 +12,7 @@ Writes crates/rlft-train/tests/golden/adamw.json:
 - after each step every parameter (float32 values as float64), and after the last step the
   optimizer state: per parameter (PyTorch's index order) `step`, `exp_avg`, `exp_avg_sq`.
 
-Run: flock /tmp/rlft-bench.lock ~/.cache/rlft-baseline/venv/bin/python scripts/reference/adamw_golden.py
+Run: flock /tmp/rlft-bench.lock ~/.cache/rlft/reference/venv/bin/python scripts/reference/adamw_golden.py
 """
 
 import json

@@ -1,7 +1,8 @@
 """Check that a directory written by `rlft convert` loads in transformers and computes what the
-reference computes (SmolLM2 golden values from ../shared/fixtures/smollm2/golden.json).
+reference computes (SmolLM2 golden values from tests/fixtures/smollm2/golden.json).
 
-usage: ~/.cache/rlft-baseline/venv/bin/python scripts/reference/check_convert.py DIR [GOLDEN]
+usage: ~/.cache/rlft/reference/venv/bin/python scripts/reference/check_convert.py DIR [GOLDEN]
+(the venv of `bash bench/reference/setup.sh`)
 
 Checks: AutoTokenizer ids for every golden text, apply_chat_template text, per-token log-probs
 within 1e-3, last-position top-5 ids, greedy continuations token-identical. Prints one line per
@@ -16,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 d = sys.argv[1]
-golden_path = sys.argv[2] if len(sys.argv) > 2 else os.path.join(HERE, "../../../shared/fixtures/smollm2/golden.json")
+golden_path = sys.argv[2] if len(sys.argv) > 2 else os.path.join(HERE, "../../tests/fixtures/smollm2/golden.json")
 g = json.load(open(golden_path))
 torch.set_num_threads(2)
 tok = AutoTokenizer.from_pretrained(d)

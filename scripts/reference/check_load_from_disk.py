@@ -1,7 +1,7 @@
 """Checks that Python `datasets` loads what rlft-data's writer saves, row for row.
 
     cargo run --release -p rlft-data --example convert_dataset -- INPUT OUT_DIR [TEST_FRACTION]
-    ~/.cache/rlft-baseline/venv/bin/python scripts/reference/check_load_from_disk.py OUT_DIR
+    ~/.cache/rlft/reference/venv/bin/python scripts/reference/check_load_from_disk.py OUT_DIR
 
 Loads OUT_DIR/dict with `datasets.load_from_disk` and compares every split with
 OUT_DIR/{split}.jsonl (written by rlft-data from the same rows): same columns in the same order,

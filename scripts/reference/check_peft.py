@@ -2,7 +2,7 @@
 
 usage:
     cargo test --release -p rlft-model --test lora -- --ignored write_peft_check_fixtures
-    ~/.cache/rlft-baseline/venv/bin/python scripts/reference/check_peft.py [DIR]
+    ~/.cache/rlft/reference/venv/bin/python scripts/reference/check_peft.py [DIR]
 
 DIR (default /tmp/rlft-peft-check, or RLFT_PEFT_CHECK_DIR) holds, per family (llama: q_proj,v_proj;
 qwen2: all-linear; qwen3: all-linear with rsLoRA), what rlft wrote: `<fam>-base` (HF dir),

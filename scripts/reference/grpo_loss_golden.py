@@ -27,7 +27,7 @@ lengths 0..6), one group with identical rewards (advantage 0 everywhere), random
 in float32 with a fixed seed (so they are exact in f32 and f64). Everything is computed in
 float64; the Rust test checks its f32 loss within 1e-5 and the f64 paths tighter.
 
-Run: flock /tmp/rlft-bench.lock ~/.cache/rlft-baseline/venv/bin/python scripts/reference/grpo_loss_golden.py
+Run: flock /tmp/rlft-bench.lock ~/.cache/rlft/reference/venv/bin/python scripts/reference/grpo_loss_golden.py
 """
 
 import json

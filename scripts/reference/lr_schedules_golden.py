@@ -12,7 +12,7 @@ rlft's `constant` honours the warmup, i.e. it is transformers' `constant_with_wa
 own `constant` silently ignores `warmup_steps`; the two agree when the warmup is 0), so the cases
 named `constant` here are computed with `constant_with_warmup`.
 
-Run: flock /tmp/rlft-bench.lock ~/.cache/rlft-baseline/venv/bin/python scripts/reference/lr_schedules_golden.py
+Run: flock /tmp/rlft-bench.lock ~/.cache/rlft/reference/venv/bin/python scripts/reference/lr_schedules_golden.py
 """
 
 import json

@@ -2,7 +2,7 @@
 
 Run from the repository root with the baseline venv (datasets 5.x, pyarrow):
 
-    ~/.cache/rlft-baseline/venv/bin/python scripts/reference/make_dataset_fixtures.py
+    ~/.cache/rlft/reference/venv/bin/python scripts/reference/make_dataset_fixtures.py
 
 Writes, under crates/rlft-data/tests/fixtures/ (a few KB, committed):
 

@@ -5,7 +5,7 @@ layer): median of 9 timed calls after one warm-up, and GFLOP/s, on the threads t
 (`torch.get_num_threads()`, all cores by default). Run it right after the Rust example, in the
 same minutes, to compare the gemm crate with PyTorch's BLAS (MKL/oneDNN) on this CPU:
 
-    flock /tmp/rlft-bench.lock ~/.cache/rlft-baseline/venv/bin/python scripts/reference/matmul_bench.py
+    flock /tmp/rlft-bench.lock ~/.cache/rlft/reference/venv/bin/python scripts/reference/matmul_bench.py
 """
 
 import time

@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Extra golden cases for the `python_expr_rule` reward (the seed example's format + accuracy rule).
+"""Golden cases for the `python_expr_rule` reward (the seed example's format + accuracy rule).
 
-Writes `crates/rlft-rewards/tests/data/python_expr_rule_extra.jsonl`, which
-`crates/rlft-rewards/tests/python_expr_rule.rs` replays against the Rust implementation.
+Writes two files, which `crates/rlft-rewards/tests/python_expr_rule.rs` replays against the Rust
+implementation:
+- `tests/fixtures/tiny_python_expr/reward_cases.jsonl`: the seed example's 25 hand-picked cases
+  (`FIXTURE_CASES`), one `{"completion", "ground_truth", "format", "accuracy", "total"}` object per
+  line (reproduced byte for byte);
+- `crates/rlft-rewards/tests/data/python_expr_rule_extra.jsonl`: the extra cases below.
 
-The rule, as `../shared/docs/mission.md` ("The seed example", "Reward") specifies it:
+The rule, as the seed example's specification ("The seed example", "Reward") states it:
 
 - response: strip; if `<|im_start|>assistant` occurs, keep what follows its last occurrence, up to
   the first `<|im_end|>` after it, stripped;
@@ -25,7 +29,7 @@ Rust side pins. Run from the repository root:
 
     python3 scripts/reference/python_expr_rule_cases.py
 
-Line kinds in the output (the first line is `{"_meta": {...}}`):
+Line kinds in the extra cases' file (the first line is `{"_meta": {...}}`):
 - reward cases: completion, ground_truth, format, accuracy, total, prediction,
   prediction_normalized, ground_truth_normalized, python_raises;
 - normalisation cases: normalize, expected, python_raises.
@@ -134,6 +138,43 @@ SYSTEM = (
     "format \\boxed{answer}.<|im_end|>\n<|im_start|>user\nExpression: (13 * 2)\nReturn only the "
     "final result in the format \\boxed{answer}.<|im_end|>\n"
 )
+# The seed example's whole prompt (its system prompt and user turn) up to the assistant's reply.
+FULL_PROMPT = (
+    "<|im_start|>system\nYou are a careful arithmetic assistant. Solve the expression and respond "
+    "briefly. Return the final result in the format \\boxed{answer}. Do not add unnecessary "
+    "explanation.<|im_end|>\n<|im_start|>user\nCompute this Python-style arithmetic expression.\n"
+    "Expression: (13 * 2)\nReturn only the final result in the format \\boxed{answer}.<|im_end|>\n"
+    "<|im_start|>assistant\n"
+)
+
+# The seed fixture: completions and ground truths (format, accuracy and total are computed).
+FIXTURE_CASES = [
+    ("\\boxed{26}", "26"),
+    ("The answer is \\boxed{26}.", "26"),
+    ("\\boxed{27}", "26"),
+    ("26", "26"),
+    ("It is 25, no wait, 26", "26"),
+    ("\\boxed{}", "26"),
+    ("\\boxed{ }", "26"),
+    ("\\boxed{26.0}", "26"),
+    ("\\boxed{\\text{26}}", "26"),
+    ("\\boxed{1,000}", "1000"),
+    ("$\\boxed{26}$", "26"),
+    ("\\boxed{$26$}", "26"),
+    ("\\boxed{026}", "26"),
+    ("\\boxed{26.}", "26"),
+    ("no number here", "26"),
+    ("", "0"),
+    (FULL_PROMPT + "\\boxed{26}<|im_end|>", "26"),
+    (FULL_PROMPT + "26<|im_end|>", "26"),
+    (FULL_PROMPT + "I don't know<|im_end|>", "26"),
+    ("\\boxed{2.50}", "2.5"),
+    ("\\boxed{-3}", "-3"),
+    ("\\boxed{26} then \\boxed{27}", "27"),
+    ("\\boxed{abc}", "abc"),
+    ("  \\boxed{ 26 }  ", "26"),
+    ("3.14 and 26.000", "26"),
+]
 
 REWARD_CASES = [
     ("\\boxed{26}", "26"),
@@ -300,6 +341,13 @@ def main():
     if sys.version_info[:2] != (3, 11):
         print("warning: the committed file was made with Python 3.11 (Unicode 14.0)", file=sys.stderr)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    fixture = os.path.join(root, "tests", "fixtures", "tiny_python_expr", "reward_cases.jsonl")
+    keys = ["completion", "ground_truth", "format", "accuracy", "total"]
+    with open(fixture, "w", encoding="utf-8") as f:
+        for c, t in FIXTURE_CASES:
+            case = reward_case(c, t)
+            f.write(json.dumps({k: case[k] for k in keys}) + "\n")
+    print(f"wrote {len(FIXTURE_CASES)} cases to {fixture}")
     path = os.path.join(root, "crates", "rlft-rewards", "tests", "data", "python_expr_rule_extra.jsonl")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     lines = [{"_meta": {

@@ -4,9 +4,9 @@ and prints the scalars; with --compare-jsonl, checks them against rlft's metrics
 A check of rlft's TFRecord framing, protobuf encoding and resume marker (SessionLog.START) by the
 reader TensorBoard itself uses. Not run in CI. With the baseline venv:
 
-    ~/.cache/rlft-baseline/venv/bin/python -m pip install tensorboard
+    ~/.cache/rlft/reference/venv/bin/python -m pip install tensorboard
     cargo run --release -p rlft-train --example tfevents_demo -- /tmp/tb_demo
-    ~/.cache/rlft-baseline/venv/bin/python scripts/reference/read_tfevents.py /tmp/tb_demo/tensorboard \
+    ~/.cache/rlft/reference/venv/bin/python scripts/reference/read_tfevents.py /tmp/tb_demo/tensorboard \
         --compare-jsonl /tmp/tb_demo/metrics.jsonl
 """
 

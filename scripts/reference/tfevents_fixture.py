@@ -4,8 +4,8 @@
 same bytes for the same events (it takes the wall time of the first, `file_version`, record from
 the file). Needs only the `tensorboard` package (no TensorFlow):
 
-    ~/.cache/rlft-baseline/venv/bin/python -m pip install tensorboard
-    ~/.cache/rlft-baseline/venv/bin/python scripts/reference/tfevents_fixture.py
+    ~/.cache/rlft/reference/venv/bin/python -m pip install tensorboard
+    ~/.cache/rlft/reference/venv/bin/python scripts/reference/tfevents_fixture.py
 """
 
 import glob

@@ -13,7 +13,7 @@ For each of three tiny configs this script
   5. writes crates/rlft-model/tests/golden/<name>.json.
 
 usage (baseline venv, see scripts/reference/README.md):
-    flock /tmp/rlft-bench.lock ~/.cache/rlft-baseline/venv/bin/python scripts/reference/tiny_models.py
+    flock /tmp/rlft-bench.lock ~/.cache/rlft/reference/venv/bin/python scripts/reference/tiny_models.py
     python3 scripts/reference/tiny_models.py --check-values   # initialiser pins only, no torch needed
 
 The deterministic initialiser (identical in Rust: crates/rlft-model/src/testing/det_init.rs)

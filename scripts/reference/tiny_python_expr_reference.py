@@ -4,10 +4,15 @@
         [--test-size 32] [--operators "+,-,*"] [--max-depth 3] [--leaf-max 20]
         [--value-min 0] [--value-max 200] [--output FILE.jsonl]
 
-With the default options this is the seed example's builder exactly as
-`../shared/docs/mission.md` describes it ("The seed example, exactly"), and writes
-`../shared/fixtures/tiny_python_expr/dataset_seed42_128_32.jsonl` byte for byte
-(`cmp` it): train rows then test rows, one `json.dumps(record)` per line (default separators
+With the default options this is the seed example's builder exactly as the project's mission
+describes it ("The seed example, exactly"), and writes the vendored fixture
+`tests/fixtures/tiny_python_expr/dataset_seed42_128_32.jsonl` byte for byte; regenerate it from
+the repository root with
+
+    python3 scripts/reference/tiny_python_expr_reference.py \
+        --output tests/fixtures/tiny_python_expr/dataset_seed42_128_32.jsonl
+
+Train rows then test rows, one `json.dumps(record)` per line (default separators
 ", " and ": ", ensure_ascii=True; the records are pure ASCII, so ensure_ascii does not change
 the fixture's bytes).
 

@@ -2,7 +2,7 @@
 //! on a tiny random model and on the default model.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use rlft_model::config::Family;
@@ -25,25 +25,12 @@ fn ok(out: &Output) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+#[path = "../../../tests/fixtures.rs"]
+mod fixtures;
 
-/// The default model's path (fetched once by scripts/fetch-default-model.sh).
+/// The default model's path (see `tests/fixtures.rs`).
 fn default_model() -> String {
-    if let Ok(p) = std::env::var("RLFT_DEFAULT_MODEL") {
-        return p;
-    }
-    let out = Command::new("bash")
-        .arg(repo_root().join("scripts/fetch-default-model.sh"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
+    fixtures::default_model().display().to_string()
 }
 
 fn tiny_dir(dir: &Path, family: Family) -> String {
@@ -156,11 +143,8 @@ fn bad_inputs_fail_with_clear_messages() {
 #[test]
 fn default_model_answers_and_matches_golden() {
     let m = default_model();
-    let golden: Value = serde_json::from_str(
-        &std::fs::read_to_string(repo_root().join("../shared/fixtures/smollm2/golden.json"))
-            .unwrap(),
-    )
-    .unwrap();
+    let golden: Value =
+        serde_json::from_str(&fixtures::read_fixture(fixtures::SMOLLM2_GOLDEN)).unwrap();
     // A sensible chat answer, greedy.
     let answer = ok(&rlft(&[
         "generate",

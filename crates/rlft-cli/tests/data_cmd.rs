@@ -24,10 +24,8 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/tiny_python_expr/dataset_seed42_128_32.jsonl")
-}
+#[path = "../../../tests/fixtures.rs"]
+mod fixtures;
 
 #[test]
 fn defaults_write_the_fixture_as_a_dataset_dict() {
@@ -59,10 +57,8 @@ fn defaults_write_the_fixture_as_a_dataset_dict() {
     assert_eq!(train.len(), 128);
     assert_eq!(train.rows[2]["extra_info"]["expression"], "(13 * 2)");
     let jsonl = read(&dir.join("train.jsonl")) + &read(&dir.join("test.jsonl"));
-    match std::fs::read_to_string(fixture()) {
-        Ok(want) => assert!(jsonl == want, "the JSONL differs from the shared fixture"),
-        Err(_) => eprintln!("note: {} is absent; not compared", fixture().display()),
-    }
+    let want = fixtures::read_fixture(fixtures::TINY_PYTHON_EXPR_DATASET);
+    assert!(jsonl == want, "the JSONL differs from the seed fixture");
 
     // A second run refuses the non-empty directory, and replaces it with --overwrite.
     let again = rlft(&["data", "tiny-python-expr", "-o", d]);

@@ -1,11 +1,15 @@
-//! The tiny_python_expr generator against the Python reference, byte for byte: the shared
-//! fixture (defaults) and goldens written by `scripts/reference/tiny_python_expr_reference.py`.
+//! The tiny_python_expr generator against the Python reference, byte for byte: the seed fixture
+//! `tests/fixtures/tiny_python_expr/dataset_seed42_128_32.jsonl` (defaults) and goldens for other
+//! options, all written by `scripts/reference/tiny_python_expr_reference.py`.
 
 use std::path::PathBuf;
 
 use rlft_data::synth::tiny_python_expr::{generate, Op, Split, TinyPythonExprOptions};
 use rlft_data::synth::{write_python_jsonl, SaveFormats};
 use rlft_data::{load_dataset, read_jsonl, DataError};
+
+#[path = "../../../tests/fixtures.rs"]
+mod fixtures;
 
 fn data(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -29,13 +33,8 @@ fn assert_same_bytes(got: &str, want: &str, what: &str) {
 }
 
 #[test]
-fn defaults_reproduce_the_shared_fixture() {
-    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/tiny_python_expr/dataset_seed42_128_32.jsonl");
-    let Ok(want) = std::fs::read_to_string(&fixture) else {
-        eprintln!("note: {} is absent; skipping", fixture.display());
-        return;
-    };
+fn defaults_reproduce_the_seed_fixture() {
+    let want = fixtures::read_fixture(fixtures::TINY_PYTHON_EXPR_DATASET);
     let ds = generate(&TinyPythonExprOptions::default()).unwrap();
     assert_eq!((ds.train.len(), ds.test.len()), (128, 32));
     assert_same_bytes(&ds.to_jsonl(), &want, "seed 42, 128/32");

@@ -1,6 +1,7 @@
 //! Forward + backward of the default model (SmolLM2-135M, f32, CPU) with every weight trainable:
-//! the `fwd_bwd` case of `../shared/bench/trl_cpu/bench.py`. Batch 8 x 128 random ids (fixed
-//! seed), loss = -mean log-prob of the 64 "completion" tokens (positions 64..127) of each row.
+//! the `fwd_bwd` case of the reference's `bench/reference/bench.py`. Batch 8 x 128 random ids
+//! (fixed seed), loss = -mean log-prob of the 64 "completion" tokens (positions 64..127) of each
+//! row.
 //!
 //! `cargo run --release -p rlft-model --example fwd_bwd_bench [-- MODEL [NAME_SUBSTRING,...]
 //! [--trainable NAME_SUBSTRING,...] [--lora TARGETS] [--rank R] [--no-frozen-op] [--no-fused] [--ab]

@@ -1,10 +1,10 @@
 //! The embedded default model (SmolLM2-135M-Instruct, GGUF Q4_1) against transformers' golden
-//! values in `../shared/fixtures/smollm2/golden.json`: tokenizer ids, chat template text,
+//! values in `tests/fixtures/smollm2/golden.json`: tokenizer ids, chat template text,
 //! per-token log-probs (1e-3), last-position top-5 ids and greedy continuations; then the same
 //! checks after exporting to an HF directory and reloading it.
 //!
-//! The model is fetched once by `scripts/fetch-default-model.sh` into `~/.cache/rlft/models/`
-//! (or taken from `RLFT_DEFAULT_MODEL`).
+//! The model is `RLFT_DEFAULT_MODEL`, else the cache of `scripts/fetch-default-model.sh`
+//! (`~/.cache/rlft/models/`), which the tests run once when the file is not there.
 
 mod common;
 

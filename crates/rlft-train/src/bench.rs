@@ -1,5 +1,5 @@
 //! The AdamW benchmark of `rlft bench adamw` and `examples/adamw_bench.rs`, one implementation
-//! for both, in the shape of the reference's `../shared/bench/trl_cpu/bench.py` (`adamw` case):
+//! for both, in the shape of the reference's `bench/reference/bench.py` (`adamw` case):
 //! lr 1e-6, weight decay 0 ([`bench_config`]), fixed gradients, untimed warm-up steps (the first
 //! touches the zeroed moments), then timed steps ([`time_reps`]).
 //!

@@ -1,7 +1,7 @@
 //! `rlft bench grpo`: GRPO steps in the configuration of the reference's
-//! `../shared/bench/trl_cpu/grpo.py` (SmolLM2-135M-Instruct, f32, full fine-tune, 2 prompts x 4
+//! `bench/reference/grpo.py` (SmolLM2-135M-Instruct, f32, full fine-tune, 2 prompts x 4
 //! generations per step, at most 32 new tokens, beta 0.001, lr 1e-6, TRL's loss and defaults),
-//! on the same 64 prompts: the reference's `make_dataset` rebuilt with the CPython-compatible
+//! on the same 64 prompts: the reference's `prompts(64, 0)` rebuilt with the CPython-compatible
 //! RNG, so both sides see identical prompt texts.
 //!
 //! Simplification: the correctness reward is `boxed_accuracy` (normalised comparison, e.g.
@@ -41,7 +41,7 @@ fn eval3(a: i64, op1: char, b: i64, op2: char, c: i64) -> i64 {
     }
 }
 
-/// The rows of grpo.py's `make_dataset(n, seed)`: `prompt` (one user message) and `answer`.
+/// The rows of grpo.py's `prompts(n, seed)`: `prompt` (one user message) and `answer`.
 pub fn reference_prompts(n: usize, seed: u64) -> Vec<Value> {
     let mut rng = PyRandom::new(seed);
     let ops = ['+', '-', '*'];
@@ -183,7 +183,7 @@ mod tests {
         let a = reference_prompts(64, 0);
         assert_eq!(a.len(), 64);
         assert_eq!(a, reference_prompts(64, 0));
-        // Printed by grpo.py's make_dataset(64, 0) with CPython 3.
+        // Printed by grpo.py's prompts(64, 0) with CPython 3.
         let expr = |i: usize| a[i]["prompt"][0]["content"].as_str().unwrap().to_string();
         assert_eq!(
             expr(0),

@@ -1,6 +1,7 @@
 //! `rlft bench`: the standard benchmark cases, measured, never guessed, and with
 //! `--against-reference` compared case by case with the PyTorch/transformers/TRL reference in
-//! `../shared/bench/trl_cpu/` (`bench.py --run-case CASE`, `grpo.py`) in the same sitting.
+//! the repository's `bench/reference/` (`bench.py --run-case CASE`, `grpo.py`; built by its
+//! `setup.sh`) in the same sitting.
 //!
 //! Each rlft case runs in a fresh process (this executable again, with the hidden `--run-case`
 //! flag, printing one `RESULT_JSON {...}` line, as bench.py does), so its peak RSS is its own;
@@ -128,16 +129,19 @@ pub struct BenchArgs {
     /// rlft's cases alone.
     #[arg(long)]
     pub against_reference: bool,
-    /// Directory of the reference scripts.
-    #[arg(long, default_value = "../shared/bench/trl_cpu")]
-    pub reference_dir: PathBuf,
-    /// Python of the reference venv (built by `bash ../shared/bench/trl_cpu/setup.sh`).
-    #[arg(long, default_value = "~/.cache/rlft-baseline/venv/bin/python")]
-    pub reference_python: String,
-    /// HF directory of the model the reference loads (setup.sh builds it from the same GGUF as
-    /// rlft's default model).
-    #[arg(long, default_value = "~/.cache/rlft-baseline/smollm2-135m-hf")]
-    pub reference_model: String,
+    /// Directory of the reference scripts (default: `bench/reference` of the repository, looked
+    /// up from the current directory, then from the executable's `target/<profile>/`).
+    #[arg(long)]
+    pub reference_dir: Option<PathBuf>,
+    /// Python of the reference venv (default: `~/.cache/rlft/reference/venv/bin/python`, under
+    /// `$RLFT_CACHE` when set, where `bash bench/reference/setup.sh` builds it).
+    #[arg(long)]
+    pub reference_python: Option<String>,
+    /// HF directory of the model the reference loads (default:
+    /// `~/.cache/rlft/reference/smollm2-135m-instruct-hf`, which setup.sh dequantises from the
+    /// GGUF of rlft's default model).
+    #[arg(long)]
+    pub reference_model: Option<String>,
     /// Print the whole result as JSON (per case: rlft and reference stats, ratio, warnings;
     /// machine: threads, CPU model, git commit, date) instead of the table.
     #[arg(long)]
@@ -196,10 +200,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
         None
     };
     let mut warnings: Vec<String> = Vec::new();
-    if reference.is_some() && a.model.model != "default" {
+    if let Some(r) = reference.as_ref().filter(|_| a.model.model != "default") {
         warnings.push(format!(
             "the reference loads its own model ({}), not {}: ratios compare different models",
-            a.reference_model, a.model.model
+            r.model().display(),
+            a.model.model
         ));
     }
     let mut results = Map::new();

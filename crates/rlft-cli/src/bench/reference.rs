@@ -1,16 +1,47 @@
-//! The reference side of `rlft bench --against-reference`: PyTorch + transformers + TRL from
-//! `../shared/bench/trl_cpu/` (`bench.py --run-case CASE` prints `RESULT_JSON {...}`; `grpo.py`
-//! writes its result to `--out`), and the mapping of each case's figures onto rlft's.
+//! The reference side of `rlft bench --against-reference`: PyTorch + transformers + TRL, run by
+//! the repository's harness `bench/reference/` (`bench.py --run-case CASE` prints
+//! `RESULT_JSON {...}`; `grpo.py` writes its result to `--out`), and the mapping of each case's
+//! figures onto rlft's.
+//!
+//! Found without flags: the harness in `./bench/reference` or, from the executable
+//! (`target/release/rlft`), in `../../bench/reference`; its venv and model where its `setup.sh`
+//! puts them, under the cache root (`$RLFT_CACHE` or `~/.cache/rlft`) in `reference/`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 use rlft_model::bench::process::CpuSnapshot;
 use serde_json::{json, Map, Value};
 
+use super::cases::threads;
 use super::report::RefOutcome;
 use super::{expand_home, result_line, BenchArgs, Case};
+use crate::default_model::cache_root;
+
+/// The harness's directory inside the repository.
+pub const HARNESS: &str = "bench/reference";
+
+/// The harness directory: `bench/reference` under the current directory, else under the
+/// repository the executable was built in (`<repo>/target/<profile>/rlft`).
+fn find_harness() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok();
+    let from_exe = exe
+        .as_deref()
+        .and_then(|e| e.parent()?.parent()?.parent().map(|r| r.join(HARNESS)));
+    std::iter::once(PathBuf::from(HARNESS))
+        .chain(from_exe)
+        .find(|d| d.join("bench.py").is_file())
+}
+
+/// `bash DIR/setup.sh`, with DIR as short as it can be said.
+fn setup_command(dir: &Path) -> String {
+    let shown = std::env::current_dir()
+        .ok()
+        .and_then(|cwd| dir.strip_prefix(cwd).ok().map(Path::to_path_buf))
+        .unwrap_or_else(|| dir.to_path_buf());
+    format!("bash {}", shown.join("setup.sh").display())
+}
 
 /// The located reference: its Python, scripts and model.
 pub struct Reference {
@@ -20,13 +51,31 @@ pub struct Reference {
 }
 
 impl Reference {
-    /// Finds the venv's Python and the scripts; the error says what is missing and how to build
-    /// it.
+    /// Finds the scripts, the venv's Python and the model (flags first, then the defaults of the
+    /// module doc); the error says what is missing and how to build it.
     pub fn locate(a: &BenchArgs) -> std::result::Result<Self, String> {
+        let dir = match &a.reference_dir {
+            Some(d) => d.clone(),
+            None => find_harness().ok_or_else(|| {
+                format!(
+                    "the reference harness `{HARNESS}/` is not in the current directory nor \
+                     beside this executable's repository; run rlft from the repository root \
+                     (then build the reference once with `bash {HARNESS}/setup.sh`) or pass \
+                     --reference-dir"
+                )
+            })?,
+        };
+        let cache = cache_root().join("reference");
         let r = Reference {
-            python: expand_home(&a.reference_python),
-            dir: a.reference_dir.clone(),
-            model: expand_home(&a.reference_model),
+            python: a
+                .reference_python
+                .as_deref()
+                .map_or_else(|| cache.join("venv/bin/python"), expand_home),
+            model: a
+                .reference_model
+                .as_deref()
+                .map_or_else(|| cache.join("smollm2-135m-instruct-hf"), expand_home),
+            dir,
         };
         let missing: Vec<String> = [&r.python, &r.dir.join("bench.py"), &r.model]
             .iter()
@@ -37,12 +86,19 @@ impl Reference {
             Ok(r)
         } else {
             Err(format!(
-                "the reference is not built ({} missing); build it with `bash {}/setup.sh` \
-                 (a Python venv with torch, transformers, trl and peft, ~6 GB)",
+                "the reference is not built ({} missing); build it once with `{}` (a Python \
+                 venv with torch, transformers, trl and peft, and the default model as an HF \
+                 directory: about 7 GB under {})",
                 missing.join(", "),
-                r.dir.display()
+                setup_command(&r.dir),
+                cache.display()
             ))
         }
+    }
+
+    /// The HF directory the reference loads.
+    pub fn model(&self) -> &Path {
+        &self.model
     }
 
     /// Where the reference lives, for the JSON.
@@ -92,7 +148,7 @@ impl Reference {
                 if case == Case::Grpo {
                     self.run_grpo_py(a.reps + 1)
                 } else {
-                    self.run_bench_py(case, a.reps, a.warmup)
+                    self.run_bench_py(case, a)
                 }
             }
         };
@@ -106,21 +162,28 @@ impl Reference {
         }
     }
 
+    /// `python SCRIPT --model MODEL --threads N`, torch on as many threads as rlft uses.
     fn command(&self, script: &str) -> Command {
+        let n = threads().to_string();
         let mut c = Command::new(&self.python);
         c.arg(self.dir.join(script))
-            .env("OMP_NUM_THREADS", "2")
+            .arg("--model")
+            .arg(&self.model)
+            .args(["--threads", &n])
+            .env("OMP_NUM_THREADS", &n)
             .env("TOKENIZERS_PARALLELISM", "false")
             .stdin(Stdio::null());
         c
     }
 
-    fn run_bench_py(&self, case: Case, reps: usize, warmup: usize) -> Result<Value> {
+    fn run_bench_py(&self, case: Case, a: &BenchArgs) -> Result<Value> {
         let out = self
             .command("bench.py")
-            .args(["--run-case", case.name(), "--model"])
-            .arg(&self.model)
-            .args(["--reps", &reps.to_string(), "--warmup", &warmup.to_string()])
+            .args(["--run-case", case.name()])
+            .args(["--reps", &a.reps.to_string()])
+            .args(["--warmup", &a.warmup.to_string()])
+            .args(["--batch", &a.batch.to_string()])
+            .args(["--new-tokens", &a.new_tokens.to_string()])
             .output()
             .context("run the reference bench.py")?;
         if !out.status.success() {
@@ -138,8 +201,6 @@ impl Reference {
             .command("grpo.py")
             .arg("--max-steps")
             .arg(steps.to_string())
-            .arg("--model")
-            .arg(&self.model)
             .arg("--out")
             .arg(&out_file)
             .stdout(Stdio::null())
@@ -193,9 +254,7 @@ fn summarize(case: Case, a: &BenchArgs, raw: Value) -> Result<Value> {
         ),
         Case::Adamw => (
             pick("/step_fused")?,
-            "bench.py adamw: step_fused (its peak RSS also covers a backward and whole train \
-             steps)"
-                .into(),
+            "bench.py adamw: step_fused".into(),
             "peak_rss_bench_mib",
         ),
         Case::Grpo => {
@@ -208,10 +267,10 @@ fn summarize(case: Case, a: &BenchArgs, raw: Value) -> Result<Value> {
             }
             (
                 super::report::stats_ms(&steps),
-                "grpo.py: step_s after the first (peak RSS is the whole process's, loading \
-                 included; CPU interference measured from outside, over the whole run)"
+                "grpo.py: step_s after the first (CPU interference measured from outside, over \
+                 the whole run, loading included)"
                     .into(),
-                "peak_rss_process_mib",
+                "peak_rss_bench_mib",
             )
         }
         Case::All | Case::RefPass => bail!("no reference case for {}", case.name()),

@@ -58,8 +58,8 @@
 //! [`TinyPythonExprDataset::to_jsonl`](tiny_python_expr::TinyPythonExprDataset::to_jsonl) equals
 //! its JSONL output byte for byte (`json.dumps` per line, [`python_json_dumps`]). With the
 //! default options that is the original generator: the test suite compares the output with
-//! `../shared/fixtures/tiny_python_expr/dataset_seed42_128_32.jsonl` and with goldens for other
-//! seeds, sizes and operators in `tests/data/`. Python's own exceptions (a split that cannot be
+//! the repository's `tests/fixtures/tiny_python_expr/dataset_seed42_128_32.jsonl` and with
+//! goldens for other seeds, sizes and operators in `tests/data/`. Python's own exceptions (a split that cannot be
 //! filled loops forever there) are the only divergence.
 
 mod pyjson;

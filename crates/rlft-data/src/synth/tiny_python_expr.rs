@@ -306,8 +306,8 @@ impl TinyPythonExprDataset {
     }
 
     /// Train rows then test rows as JSON Lines, each line `json.dumps(row)`: the bytes the
-    /// Python reference writes (`../shared/fixtures/tiny_python_expr/dataset_seed42_128_32.jsonl`
-    /// for the defaults).
+    /// Python reference writes (`tests/fixtures/tiny_python_expr/dataset_seed42_128_32.jsonl` of
+    /// the repository for the defaults).
     pub fn to_jsonl(&self) -> String {
         let mut out = String::new();
         for record in self.train.iter().chain(&self.test) {

@@ -156,34 +156,24 @@ fn candle_metadata_round_trips() -> candle_core::Result<()> {
     Ok(())
 }
 
-/// The default model (SmolLM2-135M-Instruct Q4_1), when present locally: every tensor must
-/// dequantise bit-identically to candle and the metadata must agree. Skipped when absent
-/// (set `RLFT_GGUF_MODEL` to point at another file).
+/// The default model (SmolLM2-135M-Instruct Q4_1): every tensor must dequantise
+/// bit-identically to candle and the metadata must agree. The model is `RLFT_GGUF_MODEL` when
+/// set, else the default model as every test finds it (`tests/fixtures.rs`: `RLFT_DEFAULT_MODEL`,
+/// the fetch script's cache, or fetched).
 #[test]
-fn default_model_matches_candle_if_present() -> candle_core::Result<()> {
-    // scripts/test.sh fetches the model and sets RLFT_DEFAULT_MODEL, so CI always runs this.
-    let explicit =
-        std::env::var_os("RLFT_GGUF_MODEL").or_else(|| std::env::var_os("RLFT_DEFAULT_MODEL"));
-    let path = match explicit {
+fn default_model_matches_candle() -> candle_core::Result<()> {
+    let path = match std::env::var_os("RLFT_GGUF_MODEL") {
         Some(p) => {
             let p = std::path::PathBuf::from(p);
             assert!(
-                p.exists(),
-                "{} (from the environment) does not exist",
+                p.is_file(),
+                "RLFT_GGUF_MODEL={} does not exist",
                 p.display()
             );
             p
         }
-        None => match std::env::var_os("HOME") {
-            Some(home) => std::path::Path::new(&home)
-                .join(".cache/rlft/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"),
-            None => return Ok(()),
-        },
+        None => super::fixtures::default_model(),
     };
-    if !path.exists() {
-        eprintln!("skipping: {} not found", path.display());
-        return Ok(());
-    }
     let file = GgufFile::open(&path).expect("open default model");
     let mut reader = std::io::BufReader::new(std::fs::File::open(&path)?);
     let content = gguf_file::Content::read(&mut reader)?;

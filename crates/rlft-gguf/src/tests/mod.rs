@@ -1,6 +1,9 @@
 //! Crate tests that need a GGUF writer: candle compatibility, metadata round trips,
 //! error messages and robustness against corrupt input.
 
+#[path = "../../../../tests/fixtures.rs"]
+mod fixtures;
+
 mod candle_compat;
 mod metadata;
 mod robustness;

@@ -1,6 +1,6 @@
 //! The training-side benchmark work of `rlft bench` (cases `fwd_bwd`, `lora`, `ref_pass`) and of
 //! `examples/fwd_bwd_bench.rs`, one implementation for both, in the shape of the reference's
-//! `../shared/bench/trl_cpu/bench.py` (`fwd_bwd` and `lora` cases):
+//! `bench/reference/bench.py` (`fwd_bwd` and `lora` cases):
 //!
 //! - [`BenchBatch`]: [`BATCH`] x [`SEQ`] random ids from a fixed seed; the loss is the negative
 //!   mean log-prob of the [`SEQ`] - [`PROMPT`] "completion" tokens (positions 64..127) of each

@@ -1,7 +1,7 @@
 //! Process measurements for benchmarks (Linux `/proc`; elsewhere they read as absent or zero):
 //! resident memory, the peak-RSS counter and its reset, CPU seconds, and the CPU that other
-//! processes (and the hypervisor) took while a benchmark ran, computed as
-//! `../shared/bench/trl_cpu/bench.py` computes its `other_procs_cpu_pct`.
+//! processes (and the hypervisor) took while a benchmark ran, computed as the reference harness
+//! (`bench/reference/measure.py`) computes its `other_procs_cpu_pct`.
 
 use std::time::Instant;
 
@@ -31,7 +31,7 @@ pub fn peak_rss_mib() -> Option<f64> {
 }
 
 /// Resets the peak-RSS counter to the current RSS (writes `5` to `/proc/self/clear_refs`, as
-/// bench.py does after loading its model); false where unsupported.
+/// the reference's bench.py does after loading its model); false where unsupported.
 pub fn reset_peak_rss() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
