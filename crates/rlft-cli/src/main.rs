@@ -71,12 +71,12 @@ the machine, e.g. under `flock /tmp/rlft-bench.lock` (scripts/bench-sitting.sh d
 }
 
 /// Buffers of 1 KiB and more start on a cache line, so the kernels' 16-lane loads of weights
-/// and activations do not straddle two lines (`rlft_model::alloc::CacheLineAlloc`).
+/// and activations do not straddle two lines (`rlft_kernels::alloc::CacheLineAlloc`).
 #[global_allocator]
-static ALLOC: rlft_model::alloc::CacheLineAlloc = rlft_model::alloc::CacheLineAlloc;
+static ALLOC: rlft_kernels::alloc::CacheLineAlloc = rlft_kernels::alloc::CacheLineAlloc;
 
 fn main() {
-    rlft_model::runtime::tune();
+    rlft_kernels::runtime::tune();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("error: {e:#}");
         std::process::exit(1);

@@ -127,7 +127,7 @@ fn timed<T>(times: &mut Metrics, phase: &str, f: impl FnOnce() -> Result<T>) -> 
 
 impl Loop<'_> {
     /// Generates, scores and prepares one rollout. Generation and the log-prob passes run on
-    /// the thread pool with its workers spinning ([`rlft_model::runtime::on_pool`]); the
+    /// the thread pool with its workers spinning ([`rlft_kernels::pool::on_pool`]); the
     /// rewards do not (an external reward command would share the cores with the spinners).
     fn rollout(&mut self, times: &mut Metrics) -> Result<RolloutData> {
         let cfg = self.cfg;
@@ -163,7 +163,7 @@ impl Loop<'_> {
         let (device, train) = (self.p.model.device(), &self.p.train);
         let (batch, pad_id) = (cfg.per_device_train_batch_size, self.p.pad_id);
         let no_grad_pass = |m: &rlft_model::CausalLm| {
-            rlft_model::runtime::on_pool_for(device, || {
+            rlft_kernels::pool::on_pool_for(device, || {
                 logprobs_no_grad(
                     m,
                     train,
@@ -539,7 +539,7 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
                 let idx: Vec<usize> = (chunk_start..(chunk_start + train_batch).min(n)).collect();
                 let mut step_times = Metrics::new();
                 // On the pool, its workers spinning (`on_pool`).
-                let step_m = rlft_model::runtime::on_pool_for(&device, || {
+                let step_m = rlft_kernels::pool::on_pool_for(&device, || {
                     lp.step(&r, &idx, &mut step_times)
                 })?;
                 lp.state.global_step += 1;

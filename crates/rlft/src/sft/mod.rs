@@ -304,7 +304,7 @@ pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Sft
         }
         let t0 = Instant::now();
         let device = lp.p.model.device().clone();
-        let (loss, norm, tokens) = rlft_model::runtime::on_pool_for(&device, || lp.step())?;
+        let (loss, norm, tokens) = rlft_kernels::pool::on_pool_for(&device, || lp.step())?;
         lp.state.global_step += 1;
         lp.state.num_input_tokens_seen += tokens as u64;
         lp.state.epoch = lp.data.epoch();

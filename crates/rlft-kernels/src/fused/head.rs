@@ -27,7 +27,10 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
-use super::{contiguous_slice, dispatch, gemm, max, simd, tensor, with_slice, Real, LANES};
+use super::{contiguous_slice, dispatch, tensor, with_slice};
+use crate::gemm::gemm;
+use crate::math::{max, Real, LANES};
+use crate::simd;
 
 /// Elements of one forward logits block `[rows, vocab]` (f32: 32 MiB; 170 rows of SmolLM2's
 /// 49152-token vocabulary). Measured on 2 cores at `n = 512, V = 49152`: blocks of 128 to 512
@@ -45,7 +48,7 @@ const BWD_TILE: usize = 1 << 21;
 /// backward (f32: 128 MiB); above it the backward recomputes the logits. Keeping them saves
 /// the backward's logits gemm (`2 n V h` FLOPs: 0.2-0.3 s of a SmolLM2 training step on 2
 /// cores) for that much memory, held from the head's forward to its backward (the first op
-/// of the backward pass). `RLFT_HEAD_KEEP=0` turns the keeping off (A/B).
+/// of the backward pass).
 pub const KEEP_PROBS: usize = 1 << 25;
 
 /// Block sizes of the forward and backward passes (tests shrink them to cover every edge).
@@ -97,20 +100,7 @@ pub fn lm_head_logprobs(
     targets: &Tensor,
     entropy: bool,
 ) -> candle_core::Result<(Tensor, Option<Tensor>)> {
-    static KEEP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    // `RLFT_HEAD_KEEP=0`: always recompute (A/B).
-    let keep_probs = *KEEP.get_or_init(|| {
-        if crate::runtime::switched_off("RLFT_HEAD_KEEP") {
-            0
-        } else {
-            KEEP_PROBS
-        }
-    });
-    let blocks = Blocks {
-        keep_probs,
-        ..DEFAULT_BLOCKS
-    };
-    lm_head_logprobs_with(hidden, weight, targets, entropy, blocks)
+    lm_head_logprobs_with(hidden, weight, targets, entropy, DEFAULT_BLOCKS)
 }
 
 fn lm_head_logprobs_with(

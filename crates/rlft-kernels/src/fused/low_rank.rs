@@ -12,7 +12,7 @@ use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use super::Real;
+use crate::math::Real;
 use candle_core::DType;
 
 /// Output rows per parallel task of [`expand`].
@@ -60,7 +60,7 @@ fn expand_rows<T: Real>(
     out: &mut [MaybeUninit<T>],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if T::DTYPE == DType::F32 && super::has_avx2_fma() {
+    if T::DTYPE == DType::F32 && crate::simd::avx2_fma() {
         // SAFETY: T is f32 (checked), so the slices are reinterpreted as their own type
         // (MaybeUninit<f32> has f32's layout); the CPU has AVX2 and FMA (checked).
         unsafe {
@@ -78,7 +78,7 @@ fn expand_rows<T: Real>(
         }
         return;
     }
-    super::simd!(expand_portable(h, bt, bias, r, n, out))
+    crate::simd!(expand_portable(h, bt, bias, r, n, out))
 }
 
 /// The portable loop of [`expand`]: each row in blocks of [`PORTABLE_COLS`] columns.

@@ -1,16 +1,21 @@
-//! Fused CPU kernels for the inference path (and LoRA's rank-sized products in training).
+//! The f32 streaming kernel: `x @ W^T` for few rows of `x`, each weight row read once.
 //!
 //! `x @ W^T` for few rows (decoding: one row per sequence) is bound by reading `W` from memory.
 //! candle's gemm packs `W` into panels on every call, which triples that traffic; this kernel
 //! streams each weight row once, computing its dot products with all rows of `x` (kept in L1),
-//! split over threads by output column. AVX2+FMA when the CPU has it (runtime-detected), a
-//! portable loop otherwise. No backward: training uses gemm, except for the LoRA factors'
-//! narrow products ([`matmul_wt_rows`], called inside `fused::linear`'s forward and backward).
+//! split over threads by output column. Register tiles for AVX2 + FMA ([`avx2`]) and AVX-512
+//! ([`avx512`]) on one tile loop ([`tiles`]), chosen at run time ([`crate::simd`]); a portable
+//! loop otherwise. No backward: training uses gemm, except for the LoRA factors' narrow
+//! products ([`matmul_wt_rows`], called inside `fused::linear`'s forward and backward).
 
-use candle_core::{DType, Device, Tensor};
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+pub(crate) mod tiles;
+
+use candle_core::{DType, Device, Result, Tensor};
 use rayon::prelude::*;
-
-use crate::error::Result;
 
 /// Rows of `x` up to which [`matmul_wt_small`] is used instead of gemm.
 pub const SMALL_M: usize = 16;
@@ -28,158 +33,6 @@ pub(crate) fn cols_per_task(n: usize) -> usize {
     let per = n.div_ceil(threads * 8);
     per.div_ceil(16).clamp(1, 16) * 16
 }
-
-/// Weight rows (output columns) per register tile of the AVX2 kernel.
-pub(crate) const TILE_COLS: usize = 3;
-/// Rows of `x` per register tile of the AVX2 kernel.
-const TILE_ROWS: usize = 4;
-
-/// How many tiles ahead the weight rows are prefetched: memory works on the next tiles while
-/// the FMAs run on this one (without it, a decode step costs the time to read the weights plus
-/// the time to compute on them).
-#[cfg(target_arch = "x86_64")]
-const PREFETCH_TILES: usize = 2;
-
-/// One register tile's operands for the x86 streaming kernels ([`for_tiles`]).
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-pub(crate) struct Tile {
-    /// The tile's first row of `x`, at the span's first column (row stride `k`).
-    pub(crate) xp: *const f32,
-    /// The tile's first weight row, at the span's first column (row stride `k`).
-    pub(crate) wp: *const f32,
-    /// The output element of the tile's first row of `x` and first weight row, which the
-    /// tile overwrites with the others at strides [`Self::rs`] (rows of `x`) and
-    /// [`Self::cs`] (weight rows).
-    pub(crate) op: *mut f32,
-    /// Output stride between rows of `x`.
-    pub(crate) rs: usize,
-    /// Output stride between weight rows.
-    pub(crate) cs: usize,
-    /// An address to prefetch at the same column (maybe past the end), or null.
-    pub(crate) pf: *const f32,
-    /// Columns of the span (`<= k`, the row stride of `x` and `w`): the dot products run
-    /// over these.
-    pub(crate) len: usize,
-}
-
-/// The tile loop of the x86 streaming kernels (AVX2 here, AVX-512 in `crate::avx512`): the
-/// weight rows of `w [cols, k]` in tiles of [`TILE_COLS`], the rows of `x [m, k]` in groups of
-/// `tile_rows`, each tile of weight rows used against every row group while it is in L1, so
-/// weights are read from memory once. Calls `tile(nr, nc, t)` for `nr` rows of `x` and `nc`
-/// weight rows ([`Tile`]); the first row group of a tile gets a prefetch address, the weight
-/// rows [`PREFETCH_TILES`] tiles ahead, the others null.
-///
-/// When a group of rows of `x` is wider than [`X_GROUP_BYTES`] (AVX-512's 8 rows of a
-/// 1536-wide `x`), `k` is cut into spans that fit, each span's dot products added to the
-/// last: a row group then stays in L1 across weight tiles instead of streaming from L2 for
-/// each of them (176 x 1536 x 576 on one thread, `examples/tile_probe`: 80 -> 119 GFLOP/s).
-/// The spans depend on `k` only, so a row's result does not depend on how many rows came
-/// with it.
-///
-/// # Safety
-/// `out[i * rs + j * cs]` is writable for every row `i < m` of `x` and weight row `j` of `w`,
-/// and no other thread touches those elements meanwhile.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(crate) unsafe fn for_tiles(
-    x: &[f32],
-    m: usize,
-    k: usize,
-    w: &[f32],
-    (out, rs, cs): (*mut f32, usize, usize),
-    tile_rows: usize,
-    mut tile: impl FnMut(usize, usize, &Tile),
-) {
-    let cols = w.len() / k;
-    assert!(x.len() >= m * k);
-    let spans = (tile_rows * k * 4).div_ceil(X_GROUP_BYTES).max(1);
-    let span = k.div_ceil(spans).div_ceil(16) * 16;
-    // A group of rows fits in L1 over any span (X_GROUP_BYTES / (4 * tile_rows) is a
-    // multiple of 16 for the kernels' 4 and 8 rows).
-    debug_assert!(tile_rows * span * 4 <= X_GROUP_BYTES);
-    // Spans after the first write here (`[m, cols]` row-major), then add into `out` (an
-    // `out += ` inside the kernels made LLVM spill their accumulators: 25% slower).
-    let mut part = if span < k {
-        vec![0f32; cols * m]
-    } else {
-        Vec::new()
-    };
-    let mut k0 = 0;
-    while k0 < k {
-        let len = span.min(k - k0);
-        let (dst, drs, dcs) = if k0 == 0 {
-            (out, rs, cs)
-        } else {
-            (part.as_mut_ptr(), cols, 1)
-        };
-        // One tile at row `i`, weight row `j`; returns its (rows, weight rows).
-        let mut run = |i: usize, j: usize| {
-            let (nr, nc) = ((m - i).min(tile_rows), (cols - j).min(TILE_COLS));
-            // SAFETY: i < m, j < cols and k0 < k, so the offsets are inside x, w and `dst`
-            // (`out`, by this function's contract, or `part`, `cols * m` values).
-            let (xp, wp, op) = unsafe {
-                (
-                    x.as_ptr().add(i * k + k0),
-                    w.as_ptr().add(j * k + k0),
-                    dst.add(i * drs + j * dcs),
-                )
-            };
-            let pf = if i == 0 {
-                wp.wrapping_add(PREFETCH_TILES * TILE_COLS * k)
-            } else {
-                std::ptr::null()
-            };
-            let t = Tile {
-                xp,
-                wp,
-                op,
-                rs: drs,
-                cs: dcs,
-                pf,
-                len,
-            };
-            tile(nr, nc, &t);
-            (nr, nc)
-        };
-        if m > tile_rows {
-            // Many rows: each group of rows of `x` (over one span) stays in L1 while it meets
-            // every weight row of this call (from L2 after the first group), rather than every
-            // row of `x` streaming from L2 for each tile of 3 weight rows (more bytes a cycle
-            // than L2 delivers).
-            for i in (0..m).step_by(tile_rows) {
-                let mut j = 0;
-                while j < cols {
-                    j += run(i, j).1;
-                }
-            }
-        } else {
-            let mut j = 0;
-            while j < cols {
-                let mut i = 0;
-                let mut nc = 0;
-                while i < m {
-                    let (nr, c) = run(i, j);
-                    (i, nc) = (i + nr, c);
-                }
-                j += nc;
-            }
-        }
-        if k0 > 0 {
-            for (i, row) in part.chunks_exact(cols).enumerate() {
-                for (j, p) in row.iter().enumerate() {
-                    *out.add(i * rs + j * cs) += p;
-                }
-            }
-        }
-        k0 += len;
-    }
-}
-
-/// Most bytes of a group of rows of `x` for [`for_tiles`] to keep it in L1 across weight
-/// tiles (half of a 48 KiB L1: the weight tiles and the output share it).
-#[cfg(target_arch = "x86_64")]
-const X_GROUP_BYTES: usize = 24 * 1024;
 
 /// `x [m, k] @ w[n, k]^T (+ bias[n]) -> [m, n]` for small `m`, f32 on CPU.
 /// Returns `None` when the inputs are not CPU f32 contiguous (callers fall back to gemm).
@@ -302,13 +155,6 @@ impl SendPtr {
     }
 }
 
-/// Dot product with 8 independent accumulators (vectorisable; order differs from a plain
-/// left-to-right sum only in rounding): `fused::dot` for f32.
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    crate::fused::dot(a, b)
-}
-
 /// For each weight row `j` in `w [cols, k]`: `out[j * m + i] = dot(x_i, w_j)`.
 pub(crate) fn dot_block(x: &[f32], m: usize, k: usize, w: &[f32], out: &mut [f32]) {
     assert!(out.len() >= (w.len() / k) * m);
@@ -330,13 +176,13 @@ pub(crate) unsafe fn dot_block_into(
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        if crate::avx512::enabled() {
-            // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (checked by `enabled`); `out`
+        if crate::simd::avx512() {
+            // SAFETY: the CPU supports AVX-512F, AVX2 and FMA (checked by `avx512`); `out`
             // is this function's contract.
-            unsafe { crate::avx512::dot_block(x, m, k, w, out) };
+            unsafe { avx512::dot_block(x, m, k, w, out) };
             return;
         }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if crate::simd::avx2_fma() {
             // SAFETY: the CPU supports AVX2 and FMA (checked above); `out` as above.
             unsafe { avx2::dot_block(x, m, k, w, out) };
             return;
@@ -346,112 +192,8 @@ pub(crate) unsafe fn dot_block_into(
     for (j, wr) in w.chunks_exact(k).enumerate() {
         for i in 0..m {
             let xr = &x[i * k..(i + 1) * k];
-            *o.add(i * rs + j * cs) = xr.iter().zip(wr).map(|(a, b)| a * b).sum();
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let hi = _mm256_extractf128_ps(v, 1);
-        let lo = _mm256_castps256_ps128(v);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        _mm_cvtss_f32(s)
-    }
-
-    use super::{for_tiles, Tile, TILE_COLS, TILE_ROWS};
-
-    /// Register tiles of `TILE_ROWS` rows of `x` by `TILE_COLS` weight rows ([`for_tiles`]):
-    /// each step loads `TILE_COLS` weight vectors and `TILE_ROWS` x vectors for
-    /// `TILE_ROWS * TILE_COLS` FMAs (12 accumulators, 16 registers in all).
-    ///
-    /// # Safety
-    /// As `super::dot_block_into`, and the CPU has AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_block(
-        x: &[f32],
-        m: usize,
-        k: usize,
-        w: &[f32],
-        out: (*mut f32, usize, usize),
-    ) {
-        for_tiles(x, m, k, w, out, TILE_ROWS, |nr, nc, t| {
-            let Tile {
-                xp,
-                wp,
-                op,
-                rs,
-                cs,
-                pf,
-                len,
-            } = *t;
-            let o = (op, rs, cs);
-            match (nr, nc) {
-                (4, 3) => tile::<4, 3>(xp, wp, k, len, o, pf),
-                (4, 2) => tile::<4, 2>(xp, wp, k, len, o, pf),
-                (4, 1) => tile::<4, 1>(xp, wp, k, len, o, pf),
-                (3, 3) => tile::<3, 3>(xp, wp, k, len, o, pf),
-                (3, 2) => tile::<3, 2>(xp, wp, k, len, o, pf),
-                (3, 1) => tile::<3, 1>(xp, wp, k, len, o, pf),
-                (2, 3) => tile::<2, 3>(xp, wp, k, len, o, pf),
-                (2, 2) => tile::<2, 2>(xp, wp, k, len, o, pf),
-                (2, 1) => tile::<2, 1>(xp, wp, k, len, o, pf),
-                (1, 3) => tile::<1, 3>(xp, wp, k, len, o, pf),
-                (1, 2) => tile::<1, 2>(xp, wp, k, len, o, pf),
-                _ => tile::<1, 1>(xp, wp, k, len, o, pf),
-            }
-        })
-    }
-
-    /// `out[r * rs + c * cs] = dot(x_r, w_c)` over the first `len` columns for `R` rows of `x`
-    /// and `C` weight rows (both of row stride `k`), given `(out, rs, cs)`; each dot sums 8
-    /// lanes, then the `len % 8` tail in order.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn tile<const R: usize, const C: usize>(
-        xp: *const f32,
-        wp: *const f32,
-        k: usize,
-        len: usize,
-        (out, rs, cs): (*mut f32, usize, usize),
-        prefetch: *const f32,
-    ) {
-        let k8 = len / 8 * 8;
-        let mut acc = [[_mm256_setzero_ps(); C]; R];
-        let mut kk = 0;
-        while kk < k8 {
-            if !prefetch.is_null() && kk % 16 == 0 {
-                for c in 0..TILE_COLS {
-                    let p = prefetch.wrapping_add(c * k + kk);
-                    _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
-                }
-            }
-            let mut wv = [_mm256_setzero_ps(); C];
-            for (c, v) in wv.iter_mut().enumerate() {
-                *v = _mm256_loadu_ps(wp.add(c * k + kk));
-            }
-            for (r, row) in acc.iter_mut().enumerate() {
-                let xv = _mm256_loadu_ps(xp.add(r * k + kk));
-                for (a, wc) in row.iter_mut().zip(&wv) {
-                    *a = _mm256_fmadd_ps(xv, *wc, *a);
-                }
-            }
-            kk += 8;
-        }
-        for (r, row) in acc.iter().enumerate() {
-            for (c, a) in row.iter().enumerate() {
-                let mut s = hsum(*a);
-                for t in k8..len {
-                    s += *xp.add(r * k + t) * *wp.add(c * k + t);
-                }
-                *out.add(r * rs + c * cs) = s;
-            }
+            // SAFETY: element (i, j) is writable (this function's contract).
+            unsafe { *o.add(i * rs + j * cs) = xr.iter().zip(wr).map(|(a, b)| a * b).sum() };
         }
     }
 }

@@ -11,17 +11,16 @@
 //!
 //! It also keeps every thread on the one (main) arena. By default glibc gives each thread that
 //! allocates its own arena, and a buffer freed into one arena is never reused by another: with
-//! generation on a pool worker ([`crate::runtime::on_pool`]) and training on the main thread, a
-//! GRPO run held both phases' buffers at once (LoRA GRPO on the default model: 1461-1538 MiB
-//! peak RSS against 1271 MiB with one arena, `scripts/plan-check.sh grpo-lora`). Small
-//! allocations still come from each thread's cache, and the kernels allocate few large
-//! buffers: `rlft bench generate lora` interleaved with and without showed no slowdown.
-//! `MALLOC_ARENA_MAX` in the environment wins.
+//! generation on a pool worker ([`crate::pool::on_pool`]) and training on the main thread, a
+//! GRPO run held both phases' buffers at once (docs/memory.md). Small allocations still come
+//! from each thread's cache, and the kernels allocate few large buffers, so one arena costs
+//! no measurable time. `MALLOC_ARENA_MAX` in the environment wins.
 
 /// Applies the settings (glibc on Linux; elsewhere a no-op). Call once, early in `main`.
-/// `RLFT_MALLOC_TUNE=0` leaves the allocator alone.
+/// `RLFT_MALLOC_TUNE=0` leaves the allocator alone
+/// ([`Tuning::malloc_tune`](crate::tuning::Tuning::malloc_tune)).
 pub fn tune_malloc() {
-    if crate::runtime::switched_off("RLFT_MALLOC_TUNE") {
+    if !crate::tuning::tuning().malloc_tune {
         return;
     }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -56,7 +55,7 @@ pub const CACHE_LINE_FROM: usize = 1024;
 ///
 /// Why: the matrix kernels load 16 f32 at a time. glibc's malloc returns 16-byte aligned
 /// blocks, so most rows of a weight or activation start mid-line, and a 64-byte load that
-/// straddles two lines costs two. For the streaming kernel (`kernels::matmul_wt`, one thread,
+/// straddles two lines costs two. For the streaming kernel (`stream::matmul_wt`, one thread,
 /// `examples/tile_probe`, `ALIGN=` places the operands) 176 x 576 x 576 ran at 105 GFLOP/s with
 /// both operands 16 bytes off a line against 137 aligned, and 8 x 576 x 576 (a decode step's
 /// product) at 104 against 116. Rows of the model's widths (576, 1536 and 192 f32) are whole
@@ -71,7 +70,7 @@ pub const CACHE_LINE_FROM: usize = 1024;
 /// 4.2-4.7 s).
 ///
 /// The `rlft` binary declares it; a program using the library can do the same:
-/// `#[global_allocator] static ALLOC: rlft_model::alloc::CacheLineAlloc = CacheLineAlloc;`.
+/// `#[global_allocator] static A: rlft_kernels::alloc::CacheLineAlloc = CacheLineAlloc;`.
 /// Without it every kernel still computes the same values, only slower.
 pub struct CacheLineAlloc;
 
