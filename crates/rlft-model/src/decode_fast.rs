@@ -282,7 +282,7 @@ fn run(
         }
     })?;
     // Rotary tables per token: angle = position * inv_freq in f32, as the tensor path.
-    let inv = crate::ops::inv_freq(&c.rope, hd);
+    let inv = crate::config::inv_freq(&c.rope, hd);
     let half = hd / 2;
     let mut cos = vec![0f32; n * half];
     let mut sin = vec![0f32; n * half];

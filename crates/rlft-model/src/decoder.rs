@@ -648,3 +648,33 @@ impl QkvProj {
         })
     }
 }
+
+impl crate::checkpoint::Checkpointed for CausalLm {}
+
+impl CausalLm {
+    /// Per layer, the LoRA dropout draw counters of its adapters (for
+    /// [`crate::checkpoint`]'s replay).
+    pub(crate) fn dropout_counters(
+        &self,
+    ) -> Vec<Vec<std::sync::Arc<std::sync::atomic::AtomicU64>>> {
+        self.layers
+            .iter()
+            .map(|l| {
+                let a = &l.self_attn;
+                let m = &l.mlp;
+                [
+                    &a.q_proj,
+                    &a.k_proj,
+                    &a.v_proj,
+                    &a.o_proj,
+                    &m.gate_proj,
+                    &m.up_proj,
+                    &m.down_proj,
+                ]
+                .iter()
+                .filter_map(|lin| lin.lora.as_ref().map(|l| l.draws.clone()))
+                .collect()
+            })
+            .collect()
+    }
+}

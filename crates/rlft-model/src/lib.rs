@@ -16,12 +16,15 @@
 //!   [`export`] writes any loaded model back as an HF directory.
 //! - [`trainable`]: trainable weights (`Var`s inside the model), per-token log-probs with a
 //!   graph, the masked NLL loss.
-//! - [`lora`]: LoRA adapters on the linear layers (PEFT semantics), merge, adapters on/off;
+//! - [`lora`]: LoRA adapters on the linear layers (PEFT semantics; one layer's adapter is
+//!   [`adapter::LoraAdapter`]), merge, adapters on/off;
 //!   [`peft`] reads and writes them as PEFT adapter directories.
+//! - [`checkpoint`]: activation checkpointing of the decoder layers in training.
 //! - [`tiny`]: deterministic tiny random models for tests.
 //! - [`bench`]: the standard forward+backward and reference-pass benchmark work, and process
 //!   measurements (peak RSS, interference), shared by `rlft bench` and the examples.
 
+pub mod adapter;
 pub mod bench;
 pub mod checkpoint;
 pub mod config;

@@ -11,15 +11,15 @@
 //! backward computes a gradient for every operand of a tracked op, trainable or not, which for a
 //! frozen weight is a full `[out, in]` gemm per call.
 
+pub use crate::config::inv_freq;
 use candle_core::{DType, Tensor, D};
 pub use rlft_kernels::fused::attention::causal_bias;
 pub use rlft_kernels::fused::constant::{
     add_const, frozen_linear, frozen_ops_enabled, mul_const, set_frozen_ops,
 };
 
-use crate::config::{RopeConfig, RopeScaling};
+use crate::adapter::LoraAdapter;
 use crate::error::Result;
-use crate::lora::LoraAdapter;
 
 /// A dense layer in HF layout: `weight [out, in]`, optional `bias [out]`, optional LoRA adapter.
 #[derive(Debug, Clone)]
@@ -208,43 +208,6 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, grad: bool) -> Result<Ten
     Ok(mul_const(&normed, weight)?)
 }
 
-/// Inverse frequencies `[head_dim / 2]` in f32, following transformers' rope init functions.
-pub fn inv_freq(rope: &RopeConfig, head_dim: usize) -> Vec<f32> {
-    let base: Vec<f32> = (0..head_dim / 2)
-        .map(|i| 1.0 / (rope.theta as f32).powf((2 * i) as f32 / head_dim as f32))
-        .collect();
-    match &rope.scaling {
-        RopeScaling::Default => base,
-        RopeScaling::Linear { factor } => base.iter().map(|f| f / *factor as f32).collect(),
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        } => {
-            let old = *original_max_position_embeddings as f64;
-            let low_wavelen = old / low_freq_factor;
-            let high_wavelen = old / high_freq_factor;
-            base.iter()
-                .map(|&f| {
-                    let f = f as f64;
-                    let wavelen = 2.0 * std::f64::consts::PI / f;
-                    let scaled = if wavelen > low_wavelen { f / factor } else { f };
-                    let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
-                    if medium {
-                        let smooth = (old / wavelen - low_freq_factor)
-                            / (high_freq_factor - low_freq_factor);
-                        ((1.0 - smooth) * scaled / factor + smooth * scaled) as f32
-                    } else {
-                        scaled as f32
-                    }
-                })
-                .collect()
-        }
-        RopeScaling::Factors(div) => base.iter().zip(div).map(|(f, d)| f / d).collect(),
-    }
-}
-
 /// Rotary tables for given positions: `positions [b, t] (u32) -> (cos, sin)`, each
 /// `[b, t, head_dim / 2]` f32. Angles are `position * inv_freq` in f32, as transformers does.
 pub fn rope_tables(inv_freq: &Tensor, positions: &Tensor) -> Result<(Tensor, Tensor)> {
@@ -347,6 +310,7 @@ pub fn attention_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{RopeConfig, RopeScaling};
     use candle_core::Device;
 
     fn rand(shape: &[usize], seed: u64) -> Tensor {

@@ -19,9 +19,6 @@ use candle_core::DType;
 const ROWS_PER_TASK: usize = 16;
 /// Output columns the portable loop keeps in registers at a time.
 const PORTABLE_COLS: usize = 64;
-/// Register tile of the AVX2 kernels: rows by columns (3 vectors of 8).
-const TILE_R: usize = 4;
-const TILE_C: usize = 24;
 
 /// `out [m, n] = h [m, r] @ bt [r, n] (+ bias [n])` into a new buffer, for a small `r` (LoRA's
 /// rank): each output element is written once, summed over `r` in registers. The layers use it
@@ -120,7 +117,9 @@ mod avx2 {
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
 
-    use super::{TILE_C, TILE_R};
+    /// Register tile of the AVX2 kernels: rows by columns (3 vectors of 8).
+    const TILE_R: usize = 4;
+    const TILE_C: usize = 24;
 
     /// [`super::expand_rows`] for f32: whole `TILE_R x TILE_C` tiles in registers, the edges
     /// (rows past the last whole group, columns past the last whole tile) one by one.
