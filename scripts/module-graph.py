@@ -13,6 +13,10 @@ def modname(root, path):
 
 def strip_comments(s):
     s = re.sub(r"/\*.*?\*/", "", s, flags=re.S)
+    # string and char literals may hold braces or `crate::`: blank them
+    s = re.sub(r'r#*"(?:.|\n)*?"#*', '""', s)
+    s = re.sub(r'"(?:\\.|[^"\\])*"', '""', s)
+    s = re.sub(r"'(?:\\.|[^'\\])'", "' '", s)
     return "\n".join(l.split("//")[0] if not l.strip().startswith("//") else "" for l in s.splitlines())
 
 def expand_groups(s):
@@ -75,7 +79,7 @@ def main(root):
             if not mm:
                 break
             i = mm.end(); depth = 1
-            while depth:
+            while depth and i < len(text):
                 c = text[i]
                 depth += (c == "{") - (c == "}")
                 i += 1
