@@ -294,6 +294,10 @@ fn fma_peak() {
     }
 }
 
+/// 12 independent chains of 8-lane FMAs, `iters` rounds: the CPU's f32 FMA peak.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn fma_chains(iters: usize) -> f32 {
@@ -306,17 +310,22 @@ unsafe fn fma_chains(iters: usize) -> f32 {
         }
     }
     let mut out = [0f32; 8];
-    _mm256_storeu_ps(
-        out.as_mut_ptr(),
-        acc.iter()
-            .fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a)),
-    );
+    // SAFETY: `out` holds the 8 f32 stored.
+    unsafe {
+        _mm256_storeu_ps(
+            out.as_mut_ptr(),
+            acc.iter()
+                .fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a)),
+        )
+    };
     std::hint::black_box(out[0])
 }
 
 /// Columns `j0..j0 + nj` of `dst [m, n] = a [m, k] @ w [n, k]^T` on `par`.
-/// SAFETY (caller): `dst`, `a`, `w` hold `m * n`, `m * k`, `n * k` floats and `j0 + nj <= n`;
-/// calls running at once write disjoint column ranges.
+///
+/// # Safety
+/// `dst`, `a`, `w` hold `m * n`, `m * k`, `n * k` floats and `j0 + nj <= n`; calls running at
+/// once write disjoint column ranges.
 unsafe fn gemm_cols(
     (m, n, k): (usize, usize, usize),
     dst: *mut f32,
@@ -325,27 +334,30 @@ unsafe fn gemm_cols(
     (j0, nj): (usize, usize),
     par: gemm::Parallelism,
 ) {
-    gemm::gemm(
-        m,
-        nj,
-        k,
-        dst.add(j0),
-        1,
-        n as isize,
-        false,
-        a,
-        1,
-        k as isize,
-        w.add(j0 * k),
-        k as isize,
-        1,
-        1.0,
-        1.0,
-        false,
-        false,
-        false,
-        par,
-    )
+    // SAFETY: the operands as this function's contract gives them.
+    unsafe {
+        gemm::gemm(
+            m,
+            nj,
+            k,
+            dst.add(j0),
+            1,
+            n as isize,
+            false,
+            a,
+            1,
+            k as isize,
+            w.add(j0 * k),
+            k as isize,
+            1,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
 }
 
 /// `dst [m, n] = a [m, k] @ w [n, k]^T`, the columns split into two halves, each half a

@@ -100,7 +100,9 @@ impl CacheLineAlloc {
             return raw;
         }
         let p = Self::line_in(raw);
-        p.cast::<*mut u8>().sub(1).write_unaligned(raw);
+        // SAFETY: `p` is at least 8 bytes into the live block at `raw` (`line_in`), so the
+        // 8 bytes before it are inside the block; written unaligned, as they may be.
+        unsafe { p.cast::<*mut u8>().sub(1).write_unaligned(raw) };
         p
     }
 
@@ -114,7 +116,8 @@ impl CacheLineAlloc {
     /// `alloc_zeroed`): as asked when it is not padded, else `PAD` bytes more, placed.
     ///
     /// # Safety
-    /// `system` allocates with the system allocator (`GlobalAlloc::alloc`'s contract).
+    /// `system` returns null or a live block of the layout it is given (the system
+    /// allocator's `alloc` or `alloc_zeroed`, whose contracts the caller keeps).
     unsafe fn new_block(
         layout: std::alloc::Layout,
         system: impl FnOnce(std::alloc::Layout) -> *mut u8,
@@ -123,7 +126,8 @@ impl CacheLineAlloc {
             return system(layout);
         }
         match Self::raw_layout(layout.size()) {
-            Some(raw) => Self::place(system(raw)),
+            // SAFETY: `system` returned null or a live block of `size + PAD` bytes.
+            Some(raw) => unsafe { Self::place(system(raw)) },
             None => std::ptr::null_mut(),
         }
     }
@@ -133,7 +137,8 @@ impl CacheLineAlloc {
     /// # Safety
     /// `p` came from [`Self::place`].
     unsafe fn raw(p: *mut u8) -> *mut u8 {
-        p.cast::<*mut u8>().sub(1).read_unaligned()
+        // SAFETY: `place` stored the block's start in the 8 bytes before `p`, inside the block.
+        unsafe { p.cast::<*mut u8>().sub(1).read_unaligned() }
     }
 }
 
@@ -143,39 +148,58 @@ impl CacheLineAlloc {
 // 71 bytes in from the start) and the start stored in the 8 bytes before it; whether a block
 // is padded depends only on the caller's layout, which `dealloc` and `realloc` receive again.
 unsafe impl std::alloc::GlobalAlloc for CacheLineAlloc {
+    /// # Safety
+    /// `GlobalAlloc::alloc`'s contract.
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        Self::new_block(layout, |l| std::alloc::System.alloc(l))
+        // SAFETY: `layout` has a non-zero size (our caller's contract) and so has the padded
+        // layout `new_block` may ask for instead; `System.alloc` returns such a block or null.
+        unsafe { Self::new_block(layout, |l| std::alloc::System.alloc(l)) }
     }
 
+    /// # Safety
+    /// `GlobalAlloc::alloc_zeroed`'s contract.
     unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
         // `calloc` for padded blocks too: fresh pages from the system are not written again.
-        Self::new_block(layout, |l| std::alloc::System.alloc_zeroed(l))
+        // SAFETY: as `alloc`.
+        unsafe { Self::new_block(layout, |l| std::alloc::System.alloc_zeroed(l)) }
     }
 
+    /// # Safety
+    /// `GlobalAlloc::dealloc`'s contract.
     unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
         if !Self::padded(layout) {
-            return std::alloc::System.dealloc(ptr, layout);
+            // SAFETY: an unpadded block came from `System` with this very layout.
+            return unsafe { std::alloc::System.dealloc(ptr, layout) };
         }
         if let Some(raw) = Self::raw_layout(layout.size()) {
-            std::alloc::System.dealloc(Self::raw(ptr), raw);
+            // SAFETY: a padded block's start is stored before `ptr` (`place`), and `System`
+            // gave it with the layout `raw_layout` computes again from the same size.
+            unsafe { std::alloc::System.dealloc(Self::raw(ptr), raw) };
         }
     }
 
+    /// # Safety
+    /// `GlobalAlloc::realloc`'s contract.
     unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
         let Ok(new) = std::alloc::Layout::from_size_align(new_size, layout.align()) else {
             return std::ptr::null_mut();
         };
         match (Self::padded(layout), Self::padded(new)) {
-            (false, false) => std::alloc::System.realloc(ptr, layout, new_size),
+            // SAFETY: an unpadded block came from `System` with this layout; the caller keeps
+            // `realloc`'s contract for `new_size`.
+            (false, false) => unsafe { std::alloc::System.realloc(ptr, layout, new_size) },
             (true, true) => {
                 let (Some(old_raw), Some(_)) =
                     (Self::raw_layout(layout.size()), Self::raw_layout(new_size))
                 else {
                     return std::ptr::null_mut();
                 };
-                let raw = Self::raw(ptr);
+                // SAFETY: `ptr` is a padded block (its layout says so): its start is stored
+                // before it, and `System` gave that block with `old_raw`.
+                let raw = unsafe { Self::raw(ptr) };
                 let offset = ptr as usize - raw as usize;
-                let moved = std::alloc::System.realloc(raw, old_raw, new_size + PAD);
+                // SAFETY: as above; `new_size + PAD` does not overflow (`raw_layout` checked).
+                let moved = unsafe { std::alloc::System.realloc(raw, old_raw, new_size + PAD) };
                 if moved.is_null() {
                     return moved;
                 }
@@ -183,20 +207,31 @@ unsafe impl std::alloc::GlobalAlloc for CacheLineAlloc {
                 // at another offset. Move them there first, then write the header (which
                 // may lie inside the data's old place).
                 let p = Self::line_in(moved);
-                let from = moved.add(offset);
-                if from != p {
-                    std::ptr::copy(from, p, layout.size().min(new_size));
+                // SAFETY: `moved` holds `new_size + PAD` bytes; the data start `offset`
+                // (at most 71) bytes in and the line boundary `p` at most 71 bytes in, so
+                // both ranges of `min(old, new)` bytes lie inside it (`copy` allows overlap);
+                // `place` then writes the header before `p`, inside the block.
+                unsafe {
+                    let from = moved.add(offset);
+                    if from != p {
+                        std::ptr::copy(from, p, layout.size().min(new_size));
+                    }
+                    Self::place(moved)
                 }
-                Self::place(moved)
             }
             _ => {
                 // Across the 1 KiB line: a new block, then the bytes.
-                let to = self.alloc(new);
-                if !to.is_null() {
-                    std::ptr::copy_nonoverlapping(ptr, to, layout.size().min(new_size));
-                    self.dealloc(ptr, layout);
+                // SAFETY: `new` is a valid layout of non-zero size (`new_size`, the caller's
+                // contract); the old block is live with `layout`, the new one holds at least
+                // `min(old, new)` bytes and is another allocation, so they do not overlap.
+                unsafe {
+                    let to = self.alloc(new);
+                    if !to.is_null() {
+                        std::ptr::copy_nonoverlapping(ptr, to, layout.size().min(new_size));
+                        self.dealloc(ptr, layout);
+                    }
+                    to
                 }
-                to
             }
         }
     }

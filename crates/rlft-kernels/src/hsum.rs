@@ -1,11 +1,18 @@
 //! Horizontal sums of AVX2 and AVX-512 vectors, shared by the streaming (`stream`) and GGUF
 //! block (`quant`) kernels. Each adds its lanes in one fixed order, so a row's value does not
 //! depend on which kernel or tile shape reduced it.
+//!
+//! They are safe functions compiled for their instruction set: a kernel compiled for the same
+//! features calls them (inlined) without `unsafe`; anything else would have to promise the CPU
+//! has the features.
 
 use std::arch::x86_64::*;
 
 /// The sum of an 8-lane vector's lanes: the 128-bit halves added, then lanes `(0 + 2, 1 + 3)`,
 /// then those two.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA (callers compiled for them need no `unsafe`).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 pub(crate) fn hsum_avx2(v: __m256) -> f32 {
@@ -17,6 +24,9 @@ pub(crate) fn hsum_avx2(v: __m256) -> f32 {
 
 /// The lane sums of 8 vectors as one vector (element `i` = the sum of `v[i]`'s lanes): a
 /// transposing tree of horizontal adds, far fewer instructions than eight [`hsum_avx2`]s.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA (callers compiled for them need no `unsafe`).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 pub(crate) fn hsum8_avx2(v: &[__m256]) -> __m256 {
@@ -35,6 +45,9 @@ pub(crate) fn hsum8_avx2(v: &[__m256]) -> __m256 {
 /// The sum of a 16-lane vector's lanes, added in the order [`hsum8_avx512`] adds each of its
 /// vectors (so a row's result does not depend on whether its tile was full): `h = lo + hi`
 /// over the 8-lane halves, then `((h0 + h1) + (h2 + h3)) + ((h4 + h5) + (h6 + h7))`.
+///
+/// # Safety
+/// The CPU has AVX-512F, AVX2 and FMA (callers compiled for them need no `unsafe`).
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
 pub(crate) fn hsum_avx512(v: __m512) -> f32 {
@@ -50,6 +63,9 @@ pub(crate) fn hsum_avx512(v: __m512) -> f32 {
 
 /// The lane sums of 8 16-lane vectors as one 8-lane vector (element `i` = the sum of `v[i]`'s
 /// lanes): the halves added, then the transposing tree of [`hsum8_avx2`].
+///
+/// # Safety
+/// The CPU has AVX-512F, AVX2 and FMA (callers compiled for them need no `unsafe`).
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
 pub(crate) fn hsum8_avx512(v: &[__m512; 8]) -> __m256 {

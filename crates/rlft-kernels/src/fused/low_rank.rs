@@ -123,6 +123,10 @@ mod avx2 {
 
     /// [`super::expand_rows`] for f32: whole `TILE_R x TILE_C` tiles in registers, the edges
     /// (rows past the last whole group, columns past the last whole tile) one by one.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA. (The slices' lengths are as [`super::expand`] asserts:
+    /// `h [rows, r]`, `bt [r, n]`, `bias [n]`, `out [rows, n]`.)
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn expand_rows(
         h: &[f32],
@@ -137,32 +141,37 @@ mod avx2 {
         let op = out.as_mut_ptr() as *mut f32;
         let full_c = n / TILE_C * TILE_C;
         let full_r = rows / TILE_R * TILE_R;
+        // SAFETY: whole tiles only: columns `j0 + 24 <= full_c <= n` of `bias` and of the
+        // rows `rr < r` of `bt`, elements `i0 + i < full_r <= rows` of `h`'s column `rr`, and
+        // outputs inside `out`'s `[rows, n]`.
         for j0 in (0..full_c).step_by(TILE_C) {
-            let init = |c: usize| match bias {
-                Some(b) => _mm256_loadu_ps(b.as_ptr().add(j0 + 8 * c)),
-                None => _mm256_setzero_ps(),
-            };
-            let (b0, b1, b2) = (init(0), init(1), init(2));
-            for i0 in (0..full_r).step_by(TILE_R) {
-                let mut acc = [[b0, b1, b2]; TILE_R];
-                for rr in 0..r {
-                    let br = bp.add(rr * n + j0);
-                    let v = [
-                        _mm256_loadu_ps(br),
-                        _mm256_loadu_ps(br.add(8)),
-                        _mm256_loadu_ps(br.add(16)),
-                    ];
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        let hv = _mm256_broadcast_ss(&*hp.add((i0 + i) * r + rr));
-                        for c in 0..3 {
-                            a[c] = _mm256_fmadd_ps(hv, v[c], a[c]);
+            unsafe {
+                let init = |c: usize| match bias {
+                    Some(b) => _mm256_loadu_ps(b.as_ptr().add(j0 + 8 * c)),
+                    None => _mm256_setzero_ps(),
+                };
+                let (b0, b1, b2) = (init(0), init(1), init(2));
+                for i0 in (0..full_r).step_by(TILE_R) {
+                    let mut acc = [[b0, b1, b2]; TILE_R];
+                    for rr in 0..r {
+                        let br = bp.add(rr * n + j0);
+                        let v = [
+                            _mm256_loadu_ps(br),
+                            _mm256_loadu_ps(br.add(8)),
+                            _mm256_loadu_ps(br.add(16)),
+                        ];
+                        for (i, a) in acc.iter_mut().enumerate() {
+                            let hv = _mm256_broadcast_ss(&*hp.add((i0 + i) * r + rr));
+                            for c in 0..3 {
+                                a[c] = _mm256_fmadd_ps(hv, v[c], a[c]);
+                            }
                         }
                     }
-                }
-                for (i, a) in acc.iter().enumerate() {
-                    let o = op.add((i0 + i) * n + j0);
-                    for (c, v) in a.iter().enumerate() {
-                        _mm256_storeu_ps(o.add(8 * c), *v);
+                    for (i, a) in acc.iter().enumerate() {
+                        let o = op.add((i0 + i) * n + j0);
+                        for (c, v) in a.iter().enumerate() {
+                            _mm256_storeu_ps(o.add(8 * c), *v);
+                        }
                     }
                 }
             }

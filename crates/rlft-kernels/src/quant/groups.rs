@@ -161,7 +161,11 @@ impl Group {
     /// (the kernels' contract), written by this thread alone.
     #[inline(always)]
     pub(crate) unsafe fn store(&self, r: usize, v: f32) {
-        let o = self.out.add(r * self.ld);
-        *o = if self.accumulate { *o + v } else { v };
+        // SAFETY: row `r`'s element of this weight row is inside the output (this function's
+        // contract).
+        unsafe {
+            let o = self.out.add(r * self.ld);
+            *o = if self.accumulate { *o + v } else { v };
+        }
     }
 }

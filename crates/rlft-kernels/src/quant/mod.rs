@@ -214,6 +214,10 @@ impl QuantWeight {
         }
     }
 
+    /// [`Self::dequant_portable`] with AVX2: 8 weights a vector.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn dequant_avx2(&self, b0: usize, b1: usize, out: &mut [f32]) {
@@ -224,7 +228,9 @@ impl QuantWeight {
                 let low = _mm_set1_epi8(0x0F);
                 for (y, b) in blocks {
                     let (dv, mv) = (_mm256_set1_ps(d[b]), _mm256_set1_ps(m[b]));
-                    let raw = _mm_loadu_si128(qs.as_ptr().add(b * 16) as *const __m128i);
+                    // SAFETY: `d[b]` was bounds-checked just above and `qs` holds 16 bytes for
+                    // every block of `d`.
+                    let raw = unsafe { _mm_loadu_si128(qs.as_ptr().add(b * 16) as *const __m128i) };
                     let lo = _mm_and_si128(raw, low);
                     let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
                     // Multiply then add, as the loader does (no FMA): bit-identical weights.
@@ -232,7 +238,8 @@ impl QuantWeight {
                         ($bytes:expr, $at:expr) => {{
                             let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32($bytes));
                             let v = _mm256_add_ps(_mm256_mul_ps(q, dv), mv);
-                            _mm256_storeu_ps(y.as_mut_ptr().add($at), v);
+                            // SAFETY: `y` is a block of 32 values and `$at + 8 <= 32`.
+                            unsafe { _mm256_storeu_ps(y.as_mut_ptr().add($at), v) };
                         }};
                     }
                     put!(lo, 0);
@@ -244,11 +251,15 @@ impl QuantWeight {
             Blocks::Q8_0 { d, qs } => {
                 for (y, b) in blocks {
                     let dv = _mm256_set1_ps(d[b]);
-                    let p = qs.as_ptr().add(b * BLOCK);
+                    let q8 = &qs[b * BLOCK..(b + 1) * BLOCK];
                     for at in (0..BLOCK).step_by(8) {
-                        let bytes = _mm_loadl_epi64(p.add(at) as *const __m128i);
-                        let q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-                        _mm256_storeu_ps(y.as_mut_ptr().add(at), _mm256_mul_ps(q, dv));
+                        // SAFETY: 8 bytes at `at + 8 <= 32` of the block's 32, and 8 f32 of
+                        // the output block's 32.
+                        unsafe {
+                            let bytes = _mm_loadl_epi64(q8.as_ptr().add(at) as *const __m128i);
+                            let q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+                            _mm256_storeu_ps(y.as_mut_ptr().add(at), _mm256_mul_ps(q, dv));
+                        }
                     }
                 }
             }

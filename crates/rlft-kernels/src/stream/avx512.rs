@@ -31,10 +31,15 @@ pub(crate) unsafe fn dot_block(
     w: &[f32],
     out: (*mut f32, usize, usize),
 ) {
-    for_tiles(x, m, k, w, out, TILE_ROWS, |nr, nc, t| {
-        let (xp, wp, pf, len) = (t.xp, t.wp, t.pf, t.len);
-        let o = (t.op, t.rs, t.cs);
-        macro_rules! dispatch {
+    // SAFETY: `out` is as `for_tiles` asks (this function's contract); each tile's pointers
+    // address `nr` rows of `x` and `nc` weight rows with `len` columns from the span's start
+    // and the output elements of those rows and weight rows (`for_tiles` builds them so), and
+    // the CPU has AVX-512F, AVX2 and FMA (this function's contract).
+    unsafe {
+        for_tiles(x, m, k, w, out, TILE_ROWS, |nr, nc, t| {
+            let (xp, wp, pf, len) = (t.xp, t.wp, t.pf, t.len);
+            let o = (t.op, t.rs, t.cs);
+            macro_rules! dispatch {
             ($($r:literal),*) => {
                 match (nr, nc) {
                     $(
@@ -46,8 +51,9 @@ pub(crate) unsafe fn dot_block(
                 }
             };
         }
-        dispatch!(1, 2, 3, 4, 5, 6, 7, 8)
-    })
+            dispatch!(1, 2, 3, 4, 5, 6, 7, 8)
+        })
+    }
 }
 
 /// `out[r * rs + c * cs] = dot(x_r, w_c)` over the first `len` columns for `R` rows of `x`
@@ -57,6 +63,11 @@ pub(crate) unsafe fn dot_block(
 /// second store path for contiguous columns. One plain store per result keeps them in
 /// registers.)
 #[target_feature(enable = "avx512f,avx2,fma")]
+///
+/// # Safety
+/// The CPU has AVX-512F, AVX2 and FMA; `xp` and `wp` each point at `R` and `C` rows (stride
+/// `k`) of `len` readable values; `out[r * rs + c * cs]` is writable for `r < R`, `c < C` and
+/// no other thread touches it meanwhile. `prefetch` may point anywhere (or be null).
 #[inline]
 unsafe fn tile<const R: usize, const C: usize>(
     xp: *const f32,
@@ -78,10 +89,12 @@ unsafe fn tile<const R: usize, const C: usize>(
         }
         let mut wv = [_mm512_setzero_ps(); C];
         for (c, v) in wv.iter_mut().enumerate() {
-            *v = _mm512_loadu_ps(wp.add(c * k + kk));
+            // SAFETY: `kk + 16 <= len`: inside weight row `c` (this function's contract).
+            *v = unsafe { _mm512_loadu_ps(wp.add(c * k + kk)) };
         }
         for (r, row) in acc.iter_mut().enumerate() {
-            let xv = _mm512_loadu_ps(xp.add(r * k + kk));
+            // SAFETY: as above, inside row `r` of `x`.
+            let xv = unsafe { _mm512_loadu_ps(xp.add(r * k + kk)) };
             for (a, wc) in row.iter_mut().zip(&wv) {
                 *a = _mm512_fmadd_ps(xv, *wc, *a);
             }
@@ -94,9 +107,13 @@ unsafe fn tile<const R: usize, const C: usize>(
         for c in 0..C {
             let col: [__m512; 8] = std::array::from_fn(|r| acc[r][c]);
             let mut v = [0f32; 8];
-            _mm256_storeu_ps(v.as_mut_ptr(), hsum8_avx512(&col));
-            for (r, v) in v.into_iter().enumerate() {
-                *out.add(r * rs + c * cs) = v;
+            // SAFETY: `v` holds the 8 f32 stored; `R == 8` output rows are writable (this
+            // function's contract).
+            unsafe {
+                _mm256_storeu_ps(v.as_mut_ptr(), hsum8_avx512(&col));
+                for (r, v) in v.into_iter().enumerate() {
+                    *out.add(r * rs + c * cs) = v;
+                }
             }
         }
         return;
@@ -104,10 +121,14 @@ unsafe fn tile<const R: usize, const C: usize>(
     for (r, row) in acc.iter().enumerate() {
         for (c, a) in row.iter().enumerate() {
             let mut s = hsum_avx512(*a);
-            for t in k16..len {
-                s += *xp.add(r * k + t) * *wp.add(c * k + t);
+            // SAFETY: `t < len` inside both rows; the output element is writable (this
+            // function's contract).
+            unsafe {
+                for t in k16..len {
+                    s += *xp.add(r * k + t) * *wp.add(c * k + t);
+                }
+                *out.add(r * rs + c * cs) = s;
             }
-            *out.add(r * rs + c * cs) = s;
         }
     }
 }

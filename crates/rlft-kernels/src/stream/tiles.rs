@@ -139,7 +139,9 @@ pub(crate) unsafe fn for_tiles(
         if k0 > 0 {
             for (i, row) in part.chunks_exact(cols).enumerate() {
                 for (j, p) in row.iter().enumerate() {
-                    *out.add(i * rs + j * cs) += p;
+                    // SAFETY: row `i < m`, weight row `j < cols`: writable (this function's
+                    // contract).
+                    unsafe { *out.add(i * rs + j * cs) += p };
                 }
             }
         }
