@@ -14,7 +14,7 @@
 use std::sync::OnceLock;
 
 /// The instruction sets the kernels use on this CPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
     /// Baseline x86-64 (SSE2) or another architecture: portable loops only.
     Baseline,
@@ -32,6 +32,13 @@ impl Level {
             Level::Avx2Fma => "avx2+fma",
             Level::Avx512 => "avx512",
         }
+    }
+}
+
+impl serde::Serialize for Level {
+    /// As its [`Level::name`].
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
     }
 }
 
