@@ -4,8 +4,8 @@
 //! A training step allocates and frees hundreds of activation and gradient buffers of a few
 //! MiB each. glibc's malloc serves blocks above its mmap threshold (128 KiB at first, adapting
 //! up to 32 MiB) with fresh `mmap`s and returns freed heap tops to the OS, so every step pays
-//! page faults to zero-fill the same memory again (about 2 s per forward+backward of
-//! SmolLM2-135M at batch 8 x 128 on 2 cores). [`tune_malloc`] raises the mmap threshold to its
+//! page faults to zero-fill the same memory again (seconds per forward+backward of
+//! SmolLM2-135M on 2 cores; docs/kernels.md). [`tune_malloc`] raises the mmap threshold to its
 //! maximum and stops trimming, so freed buffers are reused from the heap. Peak RSS is unchanged
 //! (the buffers are live at the peak anyway); memory is kept until the process exits.
 //!
@@ -55,19 +55,16 @@ pub const CACHE_LINE_FROM: usize = 1024;
 ///
 /// Why: the matrix kernels load 16 f32 at a time. glibc's malloc returns 16-byte aligned
 /// blocks, so most rows of a weight or activation start mid-line, and a 64-byte load that
-/// straddles two lines costs two. For the streaming kernel (`stream::matmul_wt`, one thread,
-/// `examples/tile_probe`, `ALIGN=` places the operands) 176 x 576 x 576 ran at 105 GFLOP/s with
-/// both operands 16 bytes off a line against 137 aligned, and 8 x 576 x 576 (a decode step's
-/// product) at 104 against 116. Rows of the model's widths (576, 1536 and 192 f32) are whole
-/// lines, so an aligned start keeps every row aligned.
+/// straddles two lines costs two: the streaming kernel runs measurably slower on operands off a
+/// line (`ALIGN=16 examples/tile_probe`, docs/kernels.md). Rows of the model's widths (576,
+/// 1536 and 192 f32) are whole lines, so an aligned start keeps every row aligned.
 ///
 /// How: a large block is taken from `malloc`/`calloc`/`realloc` with [`PAD`] bytes more, the
 /// returned address is the first cache line boundary at least 8 bytes in, and the word before
 /// it holds the block's own address for `free`. Asking the system for 64-byte alignment
 /// instead (`posix_memalign`) made training slower and larger: zeroed buffers lost `calloc`'s
 /// fresh pages (Rust zeroes an over-aligned block with `memset`), and the split-off remainders
-/// fragmented the heap (`rlft bench fwd_bwd` peak RSS 2457 -> 2806-2900 MiB, `grpo` 3.3-4.1 ->
-/// 4.2-4.7 s).
+/// fragmented the heap (higher peak RSS in `rlft bench fwd_bwd`, slower `grpo` steps).
 ///
 /// The `rlft` binary declares it; a program using the library can do the same:
 /// `#[global_allocator] static A: rlft_kernels::alloc::CacheLineAlloc = CacheLineAlloc;`.

@@ -199,9 +199,9 @@ unsafe fn gemm_raw<T: Real>(
         }
     };
     match par {
-        // Two threads: each computes half of the output on its own (measured 3-8% above gemm's
-        // own two-thread split on the model's shapes, `examples/matmul_bench.rs`), splitting
-        // the longer side.
+        // Two threads: each computes half of the output on its own (faster than gemm's own
+        // two-thread split on the model's shapes, `examples/matmul_bench.rs`), splitting the
+        // longer side.
         ::gemm::Parallelism::Rayon(2)
             if m.max(n) >= SPLIT_MIN_SIDE && m * n * k >= SPLIT_MIN_MACS =>
         {

@@ -192,7 +192,7 @@ struct LoraLinear {
 
 /// `out [m, r] = x [m, k] @ a [r, k]^T` for a LoRA factor `a` (`r` = the rank): the row-block
 /// kernel ([`crate::stream::matmul_wt_rows`]) for f32, which reads `x` once and packs nothing
-/// (2.5-3x gemm's speed on `x @ A^T`, `examples/matmul_bench.rs`); gemm for f64.
+/// (faster than gemm on `x @ A^T`, `examples/matmul_bench.rs`); gemm for f64.
 fn narrow_wt<T: Real>(m: usize, r: usize, k: usize, out: &mut [T], x: &[T], a: &[T]) {
     if T::DTYPE == DType::F32 {
         // SAFETY: T is f32 (checked), so the slices are reinterpreted as their own type.

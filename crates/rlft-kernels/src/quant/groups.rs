@@ -26,9 +26,9 @@ const ROWS: usize = 8;
 /// the inner loop computed 8 row addresses per block in a chain of dependent `lea`s and
 /// reloaded spilled registers), and the buffer starts on a cache line, so no 16-lane load
 /// straddles two lines. Each value of `x` is loaded once per weight row; a vector split over
-/// two lines costs two loads, and with 16 of them per block the AVX-512 Q4_1 kernel ran at
-/// 62-65 GFLOP/s per core (`matmul_bench kernel`, 8 x 576 x 1536) where aligned operands run
-/// at 100. Packing costs one copy of `x` per product, shared by all its tasks.
+/// two lines costs two loads, and the AVX-512 kernel loads 16 of them per block
+/// (`matmul_bench kernel` shows the difference). Packing costs one copy of `x` per product,
+/// shared by all its tasks.
 pub(crate) fn pack_rows(x: &[f32], m: usize, k: usize) -> PackedRows {
     assert!(x.len() >= m * k && k.is_multiple_of(BLOCK));
     let mut lines = vec![Line([0.0; 16]); (m * k).div_ceil(16)];

@@ -25,9 +25,8 @@ pub const SMALL_M: usize = 16;
 ///
 /// Tasks write their columns of the row-major output in place, so where two tasks' columns
 /// met inside a cache line, the two threads wrote that line of every row in turn and it moved
-/// between their cores each time: with 36-column tasks (multiples of the register tile's 3
-/// weight rows) 176 x 576 x 576 ran at 156-175 GFLOP/s on 2 threads (`tile_probe 2`), with 48
-/// at 156-240, with multiples of 16 at 232-278 (one thread: 138-142).
+/// between their cores each time. Multiples of 16 columns keep every task's part of a row on
+/// lines of its own (`tile_probe 2` compares task widths).
 pub(crate) fn cols_per_task(n: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let per = n.div_ceil(threads * 8);
@@ -91,8 +90,7 @@ const ROWS_PER_TASK: usize = 32;
 /// `out [m, n] = x [m, k] @ w [n, k]^T` for a narrow `w` (a LoRA factor: `n` = the rank), in
 /// parallel over blocks of rows of `x`: each block is read once while `w` stays in cache, and
 /// nothing is packed. gemm packs all of `x` for the few output columns, which makes these
-/// products bound by copying `x` (34-74 GFLOP/s against 110-160 for the layers' products on
-/// this CPU, `examples/matmul_bench.rs`).
+/// products bound by copying `x` (`examples/matmul_bench.rs` compares both).
 pub fn matmul_wt_rows(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
     assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
     if n == 0 {

@@ -70,7 +70,7 @@ pub(crate) unsafe fn for_tiles(
     // multiple of 16 for the kernels' 4 and 8 rows).
     debug_assert!(tile_rows * span * 4 <= X_GROUP_BYTES);
     // Spans after the first write here (`[m, cols]` row-major), then add into `out` (an
-    // `out += ` inside the kernels made LLVM spill their accumulators: 25% slower).
+    // `out += ` inside the kernels made LLVM spill their accumulators to the stack).
     let mut part = if span < k {
         vec![0f32; cols * m]
     } else {
