@@ -1,4 +1,4 @@
-//! Matrix products of the training kernels through the gemm crate: [`gemm`], [`gemm_seq`]
+//! Matrix products of the training kernels through the gemm crate: [`gemm`](fn@gemm), [`gemm_seq`]
 //! (one thread, for products inside a parallel task) and [`gemm_new`] (into a buffer that is
 //! not zero-filled first). On two threads a large product runs as two single-threaded halves
 //! side by side rather than with gemm's own two-thread split (faster on the model's shapes,
@@ -34,7 +34,7 @@ pub fn gemm<T: Real>(
     gemm_with(m, n, k, dst, a, a_t, b, b_t, accumulate, parallelism());
 }
 
-/// [`gemm`] on the calling thread only (for many small products inside a rayon task).
+/// [`gemm`](fn@gemm) on the calling thread only (for many small products inside a rayon task).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_seq<T: Real>(
     m: usize,
@@ -61,7 +61,7 @@ pub fn gemm_seq<T: Real>(
     );
 }
 
-/// `a @ b` (transpositions as in [`gemm`]) into a new row-major `[m, n]` buffer that gemm
+/// `a @ b` (transpositions as in [`gemm`](fn@gemm)) into a new row-major `[m, n]` buffer that gemm
 /// writes without reading it first, so the buffer is not zero-filled before the product (a
 /// memset of the whole output on the calling thread, the other core waiting).
 #[allow(clippy::too_many_arguments)]

@@ -14,11 +14,11 @@
 //!   a cache, products that stream or call gemm by size).
 //! - [`gemm`]: the gemm crate's products as the training ops call them.
 //! - [`math`]: the float types, a vectorisable `exp`, lane-parallel reductions.
-//! - [`simd`]: the one run-time SIMD dispatch (AVX2 + FMA, AVX-512, baseline).
+//! - [`simd`](mod@simd): the one run-time SIMD dispatch (AVX2 + FMA, AVX-512, baseline).
 //! - [`alloc`]: the cache-line allocator and glibc's settings; [`pool`]: running a step on
 //!   the thread pool with spinning workers; [`runtime`]: [`runtime::tune`] for `main` and a
 //!   report of what is in force; [`op_time`]: wall time per op.
-//! - [`tuning`]: [`Tuning`], the documented switches, read once from the environment.
+//! - [`tuning`](mod@tuning): [`Tuning`], the documented switches, read once from the environment.
 //!
 //! ```
 //! use candle_core::{Device, Tensor};

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// (measured in `docs/kernels.md`). A call from inside the pool runs `f` where it is.
 ///
 /// While `f` runs, the pool's other workers do not park between loops: each runs
-/// [`keep_awake`] (the jobs of the pool as they come, spinning in between) until `f` returns,
+/// `keep_awake` (the jobs of the pool as they come, spinning in between) until `f` returns,
 /// as OpenMP's threads spin for a "block time" after a parallel region. A parked worker has
 /// to be woken (a futex call, an interrupt to a halted CPU), and on a virtual machine the
 /// host gives an idle CPU away, which the spinning avoids (docs/kernels.md). One call spins at

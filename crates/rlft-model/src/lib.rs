@@ -11,7 +11,7 @@
 //!   candle's ops and differentiable composites elsewhere.
 //! - [`decode_fast`]: the fused f32 forward pass generation runs on the CPU, reading frozen
 //!   weights from their GGUF blocks while they mirror the tensors ([`quantized`]).
-//! - [`sampling`], [`generate`]: batched, seeded generation sharing each prompt's prefill.
+//! - [`sampling`], [`generate`](mod@generate): batched, seeded generation sharing each prompt's prefill.
 //! - [`load`]: one entry point, [`load::load_model`], for directories and GGUF files;
 //!   [`export`] writes any loaded model back as an HF directory.
 //! - [`trainable`]: trainable weights (`Var`s inside the model), per-token log-probs with a
@@ -21,7 +21,7 @@
 //!   [`peft`] reads and writes them as PEFT adapter directories.
 //! - [`checkpoint`]: activation checkpointing of the decoder layers in training.
 //! - [`tiny`]: deterministic tiny random models for tests.
-//! - [`bench`]: the standard forward+backward and reference-pass benchmark work, and process
+//! - [`bench`](mod@bench): the standard forward+backward and reference-pass benchmark work, and process
 //!   measurements (peak RSS, interference), shared by `rlft bench` and the examples.
 
 pub mod adapter;

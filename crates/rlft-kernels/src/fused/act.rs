@@ -41,7 +41,7 @@ fn fwd_chunk<T: Real>(y: &mut [T], g: &[T], u: &[T]) {
 }
 
 /// `g = silu(g) * u` in place, in AVX2 where the CPU has it: the decode path's SwiGLU, the same
-/// arithmetic as [`fwd_chunk`].
+/// arithmetic as `fwd_chunk`.
 pub fn silu_mul_in_place(g: &mut [f32], u: &[f32]) {
     simd!(g
         .iter_mut()

@@ -17,7 +17,7 @@
 //!   rotary tables, masks) that keep it out of the graph, on any device.
 //!
 //! Their building blocks live beside them: [`crate::math`] (the float types, `exp`,
-//! reductions), [`crate::gemm`] (matrix products), [`crate::simd`] (AVX2 dispatch).
+//! reductions), [`crate::gemm`] (matrix products), [`crate::simd`](mod@crate::simd) (AVX2 dispatch).
 
 pub mod act;
 pub mod attention;

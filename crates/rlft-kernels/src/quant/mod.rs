@@ -9,8 +9,8 @@
 //! layer still holds that very tensor and it is not a trainable `Var` (training, merging
 //! adapters or loading a checkpoint replace the tensor, and the blocks are then ignored).
 //!
-//! With AVX2 + FMA the blocks are unpacked in registers and multiplied there ([`avx2`], and
-//! its AVX-512 twin [`avx512`]); other CPUs dequantise a small tile of weight rows at a time
+//! With AVX2 + FMA the blocks are unpacked in registers and multiplied there (`avx2`, and
+//! its AVX-512 twin `avx512`); other CPUs dequantise a small tile of weight rows at a time
 //! into a scratch and run the f32 streaming kernel ([`crate::stream`]) on it. Both use the
 //! loader's formulas (same f32 operations, so the weights are bit-identical to the f32 tensor):
 //! results differ from the f32 path only in summation order.

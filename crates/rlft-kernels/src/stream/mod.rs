@@ -3,8 +3,8 @@
 //! `x @ W^T` for few rows (decoding: one row per sequence) is bound by reading `W` from memory.
 //! candle's gemm packs `W` into panels on every call, which triples that traffic; this kernel
 //! streams each weight row once, computing its dot products with all rows of `x` (kept in L1),
-//! split over threads by output column. Register tiles for AVX2 + FMA ([`avx2`]) and AVX-512
-//! ([`avx512`]) on one tile loop ([`tiles`]), chosen at run time ([`crate::simd`]); a portable
+//! split over threads by output column. Register tiles for AVX2 + FMA (`avx2`) and AVX-512
+//! (`avx512`) on one tile loop (`tiles`), chosen at run time ([`crate::simd`](mod@crate::simd)); a portable
 //! loop otherwise. No backward: training uses gemm, except for the LoRA factors' narrow
 //! products ([`matmul_wt_rows`], called inside `fused::linear`'s forward and backward).
 
