@@ -16,16 +16,37 @@ use crate::common::{chat_prompt_ids, load, ExportArgs, ModelArgs};
 #[derive(Args, Debug)]
 pub struct InspectArgs {
     /// HF model directory, .gguf file, or `default`.
-    pub path: String,
+    #[arg(required_unless_present = "runtime")]
+    pub path: Option<String>,
+    /// Print the CPU kernels' runtime instead: the Tuning switches in force (RLFT_SPIN,
+    /// RLFT_MALLOC_TUNE, RLFT_AVX512, RLFT_OP_TIMES), the SIMD level the kernels use, threads.
+    /// With a model path too, the model follows.
+    #[arg(long)]
+    pub runtime: bool,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
 }
 
+/// The kernels' runtime as `rlft inspect --runtime --json` prints it.
+pub fn runtime_info() -> serde_json::Value {
+    serde_json::to_value(rlft_kernels::runtime::Runtime::current()).unwrap_or_default()
+}
+
 /// Runs `rlft inspect`.
 pub fn run_inspect(a: InspectArgs) -> Result<()> {
+    if a.runtime {
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&runtime_info())?);
+        } else {
+            print!("{}", rlft_kernels::runtime::Runtime::current());
+        }
+    }
+    let Some(path) = a.path.clone() else {
+        return Ok(());
+    };
     let m = load(&ModelArgs {
-        model: a.path.clone(),
+        model: path,
         dtype: "f32".into(),
         device: "cpu".into(),
     })?;
@@ -278,4 +299,19 @@ pub fn run_convert(a: ConvertArgs) -> Result<()> {
     save_hf_dir(&m.model, &m.text, &m.generation, &a.export.output, &opts)?;
     eprintln!("wrote {}", a.export.output.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// `inspect --runtime --json` names every switch, the SIMD level and the threads.
+    #[test]
+    fn runtime_info_lists_switches_simd_and_threads() {
+        let r = super::runtime_info();
+        for k in ["spin", "malloc_tune", "avx512", "op_times"] {
+            assert!(r["tuning"][k].is_boolean(), "tuning.{k}: {r}");
+        }
+        let simd = r["simd"].as_str().unwrap();
+        assert!(["baseline", "avx2+fma", "avx512"].contains(&simd), "{simd}");
+        assert!(r["threads"].as_u64().unwrap() >= 1);
+    }
 }

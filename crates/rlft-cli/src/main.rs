@@ -33,7 +33,8 @@ enum Command {
     Generate(generate_cmd::GenerateArgs),
     /// Chat with a model interactively (/reset clears the history, /exit quits).
     Chat(generate_cmd::ChatArgs),
-    /// Print a model's architecture, parameter count, dtypes, special tokens and chat template.
+    /// Print a model's architecture, parameter count, dtypes, special tokens and chat template
+    /// (`--runtime`: the CPU kernels' switches, SIMD level and threads).
     Inspect(inspect_cmd::InspectArgs),
     /// Print the token ids and pieces of a text.
     Tokenize(inspect_cmd::TokenizeArgs),
@@ -66,18 +67,20 @@ enum Command {
         after_help = "Environment: RLFT_OP_TIMES=1 prints seconds per step of each fused op's \
 forward and backward after fwd_bwd, lora and grpo, and of the decoder's prefill, products, \
 attention, LM head and sampling after generate (docs/kernels.md). Run with nothing else on \
-the machine, e.g. under `flock /tmp/rlft-bench.lock` (scripts/bench-sitting.sh does)."
+the machine, e.g. under `flock /tmp/rlft-bench.lock` (scripts/bench-sitting.sh does). The \
+kernels' switches (RLFT_SPIN, RLFT_MALLOC_TUNE, RLFT_AVX512, RLFT_OP_TIMES) and SIMD level are \
+printed with the results (`rlft inspect --runtime` shows them alone)."
     )]
     Bench(bench::BenchArgs),
 }
 
 /// Buffers of 1 KiB and more start on a cache line, so the kernels' 16-lane loads of weights
-/// and activations do not straddle two lines (`rlft_model::alloc::CacheLineAlloc`).
+/// and activations do not straddle two lines (`rlft_kernels::alloc::CacheLineAlloc`).
 #[global_allocator]
-static ALLOC: rlft_model::alloc::CacheLineAlloc = rlft_model::alloc::CacheLineAlloc;
+static ALLOC: rlft_kernels::alloc::CacheLineAlloc = rlft_kernels::alloc::CacheLineAlloc;
 
 fn main() {
-    rlft_model::runtime::tune();
+    rlft_kernels::runtime::tune();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("error: {e:#}");
         std::process::exit(1);

@@ -11,7 +11,7 @@
 //! (`scripts/fetch-default-model.sh`). Name substrings (positional or `--trainable`) select the
 //! trainable weights (`q_proj,v_proj`); default all. `--lora q_proj,v_proj` (or `all-linear`)
 //! trains LoRA adapters of rank `--rank` (default 16, alpha = 2 * rank) instead, base frozen.
-//! `--no-fused` turns the fused training kernels ([`rlft_model::fused`]) off (candle's
+//! `--no-fused` turns the fused training kernels ([`rlft_kernels::fused`]) off (candle's
 //! composites instead), to measure what they save.
 //! `--no-frozen-op` sends frozen weights, rotary tables and masks through candle's ops (which
 //! also compute their gradients), to measure what [`rlft_model::ops::frozen_linear`] and
@@ -52,10 +52,10 @@ fn model_path(arg: Option<String>) -> PathBuf {
 
 /// As the `rlft` binary: buffers of 1 KiB and more start on a cache line.
 #[global_allocator]
-static ALLOC: rlft_model::alloc::CacheLineAlloc = rlft_model::alloc::CacheLineAlloc;
+static ALLOC: rlft_kernels::alloc::CacheLineAlloc = rlft_kernels::alloc::CacheLineAlloc;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    rlft_model::runtime::tune();
+    rlft_kernels::runtime::tune();
     let (mut positional, mut trainable, mut lora, mut rank) = (Vec::new(), None, None, 16usize);
     let (mut ab, mut reps) = (false, 3usize);
     let mut args = std::env::args().skip(1);
@@ -65,7 +65,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--lora" => lora = args.next(),
             "--rank" => rank = args.next().and_then(|r| r.parse().ok()).expect("--rank N"),
             "--no-frozen-op" => rlft_model::ops::set_frozen_ops(false),
-            "--no-fused" => rlft_model::fused::set_enabled(false),
+            "--no-fused" => rlft_kernels::fused::set_enabled(false),
             "--ab" => ab = true,
             "--reps" => reps = args.next().and_then(|r| r.parse().ok()).expect("--reps N"),
             _ => positional.push(a),

@@ -31,7 +31,6 @@ use std::sync::Arc;
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
 
-use crate::decoder::CausalLm;
 use crate::error::{ModelError, Result};
 
 /// One layer's forward: `(layer index, input) -> output`, with a graph.
@@ -56,14 +55,18 @@ thread_local! {
     static TAPE: RefCell<Vec<(usize, Vec<Segment>)>> = const { RefCell::new(Vec::new()) };
 }
 
+/// A model whose layer stacks a session records: [`crate::decoder::CausalLm`]. (A trait, so
+/// that this module needs nothing of the decoder but a model's identity.)
+pub trait Checkpointed {}
+
 /// A model's identity for the sessions: its address (a session borrows the model, so it does
 /// not move while the session lives).
-fn key(model: &CausalLm) -> usize {
-    model as *const CausalLm as usize
+fn key<M: Checkpointed>(model: &M) -> usize {
+    model as *const M as usize
 }
 
 /// Whether a session for `model` is recording on this thread.
-pub(crate) fn active(model: &CausalLm) -> bool {
+pub(crate) fn active<M: Checkpointed>(model: &M) -> bool {
     let k = key(model);
     TAPE.with(|t| t.borrow().iter().any(|(m, _)| *m == k))
 }
@@ -71,8 +74,8 @@ pub(crate) fn active(model: &CausalLm) -> bool {
 /// Runs `n` layers from `x0` without keeping their internals and records them in the session;
 /// returns the last output as a fresh leaf (the rest of the forward builds its graph on it).
 /// `counters[l]` are layer `l`'s LoRA dropout draw counters.
-pub(crate) fn run_layers(
-    model: &CausalLm,
+pub(crate) fn run_layers<M: Checkpointed>(
+    model: &M,
     x0: Tensor,
     n: usize,
     counters: Vec<Vec<Arc<AtomicU64>>>,
@@ -124,14 +127,14 @@ pub(crate) fn run_layers(
 #[must_use = "call backward() to get the gradients"]
 pub struct Checkpointing<'m> {
     key: usize,
-    _model: std::marker::PhantomData<&'m CausalLm>,
+    _model: std::marker::PhantomData<&'m ()>,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl<'m> Checkpointing<'m> {
     /// Starts recording `model`'s differentiable forwards on this thread. Errors if a session
     /// for this model is already active here.
-    pub fn begin(model: &'m CausalLm) -> Result<Checkpointing<'m>> {
+    pub fn begin<M: Checkpointed>(model: &'m M) -> Result<Checkpointing<'m>> {
         let k = key(model);
         TAPE.with(|t| {
             let mut t = t.borrow_mut();
@@ -205,32 +208,6 @@ impl Drop for Checkpointing<'_> {
     }
 }
 
-impl crate::decoder::CausalLm {
-    /// Per layer, the LoRA dropout draw counters of its adapters (for
-    /// [`crate::checkpoint`]'s replay).
-    pub(crate) fn dropout_counters(&self) -> Vec<Vec<Arc<std::sync::atomic::AtomicU64>>> {
-        self.layers
-            .iter()
-            .map(|l| {
-                let a = &l.self_attn;
-                let m = &l.mlp;
-                [
-                    &a.q_proj,
-                    &a.k_proj,
-                    &a.v_proj,
-                    &a.o_proj,
-                    &m.gate_proj,
-                    &m.up_proj,
-                    &m.down_proj,
-                ]
-                .iter()
-                .filter_map(|lin| lin.lora.as_ref().map(|l| l.draws.clone()))
-                .collect()
-            })
-            .collect()
-    }
-}
-
 /// Moves the gradients of `vars` from `from` into `into`, adding to what is there.
 fn take_vars(from: &mut GradStore, vars: &[(String, Var)], into: &mut GradStore) -> Result<()> {
     for (_, var) in vars {
@@ -250,6 +227,7 @@ fn take_vars(from: &mut GradStore, vars: &[(String, Var)], into: &mut GradStore)
 mod tests {
     use super::*;
     use crate::config::Family;
+    use crate::decoder::CausalLm;
     use crate::lora::{attach_lora, set_dropout_seed, LoraConfig};
     use crate::shared_prefix::{shared_prefix_batch, shared_prefix_logprobs};
     use crate::tiny::{random_model, tiny_config};
@@ -293,10 +271,10 @@ mod tests {
         let plain = backward(&loss(), vars).unwrap();
         reseed();
         let m = model.borrow();
-        let session = Checkpointing::begin(&m).unwrap();
+        let session = Checkpointing::begin(&*m).unwrap();
         let l = loss();
         let ckpt = session.backward(&l, vars).unwrap();
-        assert!(!active(&m), "the session ends with backward");
+        assert!(!active(&*m), "the session ends with backward");
         (plain, ckpt)
     }
 

@@ -445,7 +445,7 @@ fn fit_llama3(divisors: &[f32], rope: &RopeConfig, head_dim: usize) -> Result<Ro
         theta: rope.theta,
         scaling: RopeScaling::Default,
     };
-    let plain = crate::ops::inv_freq(&base, head_dim);
+    let plain = inv_freq(&base, head_dim);
     if divisors.len() != plain.len() {
         return Err(ModelError::config(format!(
             "the GGUF's rope_freqs has {} factors; head_dim {head_dim} needs {}",
@@ -457,7 +457,7 @@ fn fit_llama3(divisors: &[f32], rope: &RopeConfig, head_dim: usize) -> Result<Ro
         return Ok(RopeScaling::Default);
     }
     let fits = |cand: &RopeScaling| {
-        let scaled = crate::ops::inv_freq(
+        let scaled = inv_freq(
             &RopeConfig {
                 theta: rope.theta,
                 scaling: cand.clone(),
@@ -565,6 +565,43 @@ fn solve_llama3(divisors: &[f32], plain: &[f32]) -> Option<RopeScaling> {
     })
 }
 
+/// Inverse frequencies `[head_dim / 2]` in f32, following transformers' rope init functions.
+pub fn inv_freq(rope: &RopeConfig, head_dim: usize) -> Vec<f32> {
+    let base: Vec<f32> = (0..head_dim / 2)
+        .map(|i| 1.0 / (rope.theta as f32).powf((2 * i) as f32 / head_dim as f32))
+        .collect();
+    match &rope.scaling {
+        RopeScaling::Default => base,
+        RopeScaling::Linear { factor } => base.iter().map(|f| f / *factor as f32).collect(),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } => {
+            let old = *original_max_position_embeddings as f64;
+            let low_wavelen = old / low_freq_factor;
+            let high_wavelen = old / high_freq_factor;
+            base.iter()
+                .map(|&f| {
+                    let f = f as f64;
+                    let wavelen = 2.0 * std::f64::consts::PI / f;
+                    let scaled = if wavelen > low_wavelen { f / factor } else { f };
+                    let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
+                    if medium {
+                        let smooth = (old / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        ((1.0 - smooth) * scaled / factor + smooth * scaled) as f32
+                    } else {
+                        scaled as f32
+                    }
+                })
+                .collect()
+        }
+        RopeScaling::Factors(div) => base.iter().zip(div).map(|(f, d)| f / d).collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -639,20 +676,20 @@ mod tests {
                                     original_max_position_embeddings: orig,
                                 },
                             };
-                            let plain = crate::ops::inv_freq(
+                            let plain = inv_freq(
                                 &RopeConfig {
                                     theta,
                                     scaling: RopeScaling::Default,
                                 },
                                 head_dim,
                             );
-                            let scaled = crate::ops::inv_freq(&want, head_dim);
+                            let scaled = inv_freq(&want, head_dim);
                             let div: Vec<f32> =
                                 plain.iter().zip(&scaled).map(|(p, s)| p / s).collect();
                             let got = fit_llama3(&div, &want, head_dim).unwrap_or_else(|e| {
                                 panic!("{theta} {head_dim} {factor} {orig} {low} {high}: {e}")
                             });
-                            let back = crate::ops::inv_freq(
+                            let back = inv_freq(
                                 &RopeConfig {
                                     theta,
                                     scaling: got.clone(),

@@ -11,10 +11,14 @@
 use candle_core::{DType, Device, Storage, Tensor};
 use rayon::prelude::*;
 
+use rlft_kernels::decode::{
+    attend, low_rank_matmul, matmul, rms_norm_rows, rope_heads, serial, streams, AttentionShape,
+};
+use rlft_kernels::quant::QuantWeight;
+use rlft_kernels::stream::{matmul_wt, SMALL_M};
+
 use crate::decoder::CausalLm;
 use crate::error::{ModelError, Result};
-use crate::kernels::{dot, matmul_wt, SMALL_M};
-use crate::quant::QuantWeight;
 
 /// Keys and values of one sequence: per layer `[kv_heads, capacity, head_dim]`.
 #[derive(Debug, Clone)]
@@ -78,68 +82,12 @@ fn with_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     ))
 }
 
-/// `out [m, n] = x [m, k] @ w [n, k]^T`: the streaming kernel where it beats gemm, gemm
-/// otherwise. gemm packs both operands on every call, which a prefill's few dozen rows do not
-/// amortise: on the AVX-512 host (`matmul_bench prefill`) a 35-row shared prefix ran at
-/// 23-33 GFLOP/s in gemm against 104-215 streamed, and at 176 rows the products whose output
-/// is no wider than their input (q/k/v/o, down) streamed at 124-214 against gemm's 105-178.
-/// Since the streaming kernel cuts `k` into spans that keep a row group in L1 and writes its
-/// output row by row, gate/up (576 -> 1536) stream at 176 rows too (183 against gemm's 164,
-/// same sitting); at 480 rows gemm is ahead on every shape (212 against 158).
-fn matmul(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
-    if streams(m, n, k) {
-        matmul_wt(x, m, k, w, n, None, out);
-        return;
-    }
-    let threads = rayon::current_num_threads();
-    let par = if threads > 1 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    };
-    // SAFETY: the slices hold m*k, n*k and m*n elements with the strides given (row-major x
-    // and out; w read transposed: element (kk, j) is w[j * k + kk]).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            par,
-        );
-    }
-}
-
-/// Rows up to which every product of the fused forward streams its weights ([`matmul`]).
-const STREAM_ROWS: usize = 192;
-/// Rows up to which products whose output is no wider than their input stream.
-const STREAM_NARROW_ROWS: usize = 256;
-
-/// Whether [`matmul`] streams an `[m, k] @ [n, k]^T` product rather than calling gemm.
-fn streams(m: usize, n: usize, k: usize) -> bool {
-    m <= STREAM_ROWS || (m <= STREAM_NARROW_ROWS && n <= k)
-}
-
 /// `out = x @ W^T (+ b) (+ s * x @ A^T @ B^T)` for a [`crate::ops::Linear`] over `m` packed
 /// rows: the base product from the GGUF blocks while they mirror the weight and `m` is small,
 /// from the f32 weight otherwise; the enabled LoRA adapter's update without dropout.
 fn linear(l: &crate::ops::Linear, x: &[f32], m: usize, out: &mut [f32]) -> Result<()> {
     let (n, k) = l.weight.dims2()?;
-    let _t = crate::op_time::span(if m <= SMALL_M {
+    let _t = rlft_kernels::op_time::span(if m <= SMALL_M {
         "decode linear"
     } else if streams(m, n, k) {
         "prefill linear (streamed)"
@@ -172,7 +120,7 @@ fn linears(ls: &[&crate::ops::Linear], x: &[f32], m: usize, outs: &mut [&mut [f3
         }
         return Ok(());
     };
-    let _t = crate::op_time::span("decode linear");
+    let _t = rlft_kernels::op_time::span("decode linear");
     let mut sized: Vec<&mut [f32]> = Vec::with_capacity(ls.len());
     // `block_weight` only returns blocks that mirror their layer's weight (same shape).
     for (o, q) in outs.iter_mut().zip(&blocks) {
@@ -205,56 +153,6 @@ fn bias_and_adapter(l: &crate::ops::Linear, x: &[f32], m: usize, out: &mut [f32]
         out.iter_mut().zip(&delta).for_each(|(o, d)| *o += d);
     }
     Ok(())
-}
-
-/// [`matmul`] for the small products of a LoRA update: on the calling thread when the
-/// product is small (a decode step has 2 per linear layer; dispatching each to the pool costs
-/// more than computing it).
-fn low_rank_matmul(x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
-    if m * n * k >= 1 << 20 {
-        return matmul(x, m, k, w, n, out);
-    }
-    assert!(x.len() >= m * k && w.len() >= n * k && out.len() >= m * n);
-    // SAFETY: `out` holds `[m, n]` row-major (asserted), written by this thread alone.
-    unsafe { crate::kernels::dot_block_into(x, m, k, &w[..n * k], (out.as_mut_ptr(), n, 1)) }
-}
-
-/// RMSNorm of each `width`-sized row: `out = w * x / sqrt(mean(x^2) + eps)`.
-fn rms_norm_rows(x: &[f32], w: &[f32], eps: f64, width: usize, out: &mut [f32]) {
-    let norm = |(xr, or): (&[f32], &mut [f32])| {
-        let ms = dot(xr, xr) / width as f32;
-        let inv = 1.0 / (ms + eps as f32).sqrt();
-        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
-            *o = g * (v * inv);
-        }
-    };
-    if serial(x.len()) {
-        x.chunks(width).zip(out.chunks_mut(width)).for_each(norm);
-    } else {
-        x.par_chunks(width)
-            .zip(out.par_chunks_mut(width))
-            .for_each(norm);
-    }
-}
-
-/// Whether work of about `elements` multiply-adds is done on the calling thread: below this
-/// size handing it to the thread pool (a wake-up, a hand-over, a sleep: ~10-50 us) costs more
-/// than the work. A decoding step has hundreds of such small steps (norms, activations,
-/// attention over short caches) between its matmuls.
-fn serial(elements: usize) -> bool {
-    elements < 1 << 16
-}
-
-/// Rotates each `d`-wide head of `x` (HF "rotate half" convention).
-fn rope_heads(x: &mut [f32], d: usize, cos: &[f32], sin: &[f32]) {
-    let h = d / 2;
-    for head in x.chunks_exact_mut(d) {
-        for i in 0..h {
-            let (a, b) = (head[i], head[i + h]);
-            head[i] = a * cos[i] - b * sin[i];
-            head[i + h] = b * cos[i] + a * sin[i];
-        }
-    }
 }
 
 /// Reusable activations for `n` packed tokens.
@@ -384,7 +282,7 @@ fn run(
         }
     })?;
     // Rotary tables per token: angle = position * inv_freq in f32, as the tensor path.
-    let inv = crate::ops::inv_freq(&c.rope, hd);
+    let inv = crate::config::inv_freq(&c.rope, hd);
     let half = hd / 2;
     let mut cos = vec![0f32; n * half];
     let mut sin = vec![0f32; n * half];
@@ -435,50 +333,21 @@ fn run(
         // Causal attention of each token over its row's keys 0..=position.
         let rows_ref: &[RowCache] = rows;
         let q = &b.q;
-        // The inner loops compiled for AVX2 + FMA where the CPU has them.
-        let attend = |(p, out): (usize, &mut [f32])| {
-            crate::fused::simd!({
-                let (r, i) = owner[p];
-                let row = &rows_ref[r];
-                let (cap, last) = (row.capacity, row.len + i);
-                let (kc, vc) = (&row.k[li], &row.v[li]);
-                let len = last + 1;
-                // Per key group: the scores of its `groups` query heads against every key in
-                // one register-tiled product (keys are the "weight rows": `t[j * groups + h]`),
-                // then each head's softmax, then the values, each read once for the group.
-                let mut t = vec![0f32; len * groups];
-                let mut w = vec![0f32; groups * len];
-                for g in 0..nkv {
-                    let base = g * cap * hd;
-                    let heads = p * nh + g * groups;
-                    let qg = &q[heads * hd..(heads + groups) * hd];
-                    crate::kernels::dot_block(qg, groups, hd, &kc[base..base + len * hd], &mut t);
-                    for (hh, wh) in w.chunks_exact_mut(len).enumerate() {
-                        let mut max = f32::NEG_INFINITY;
-                        for (j, s) in wh.iter_mut().enumerate() {
-                            *s = t[j * groups + hh] * scale;
-                            max = max.max(*s);
-                        }
-                        // Separate loops: the exponentials vectorise, the sum has 8 lanes.
-                        for s in wh.iter_mut() {
-                            *s = crate::fused::exp_f32(*s - max);
-                        }
-                        let sum = crate::fused::sum(wh);
-                        wh.iter_mut().for_each(|s| *s /= sum);
-                    }
-                    let o = &mut out[g * groups * hd..(g + 1) * groups * hd];
-                    o.fill(0.0);
-                    for j in 0..len {
-                        let vv = &vc[base + j * hd..base + (j + 1) * hd];
-                        for (hh, oh) in o.chunks_exact_mut(hd).enumerate() {
-                            let wj = w[hh * len + j];
-                            oh.iter_mut().zip(vv).for_each(|(o, &x)| *o += wj * x);
-                        }
-                    }
-                }
-            })
+        let shape = |cap| AttentionShape {
+            kv_heads: nkv,
+            groups,
+            head_dim: hd,
+            capacity: cap,
+            scale,
         };
-        let _t = crate::op_time::span(if n <= SMALL_M {
+        let attend_token = |(p, out): (usize, &mut [f32])| {
+            let (r, i) = owner[p];
+            let row = &rows_ref[r];
+            let (k, v) = (&row.k[li], &row.v[li]);
+            let q = &q[p * nh * hd..(p + 1) * nh * hd];
+            attend(q, k, v, row.len + i + 1, shape(row.capacity), out);
+        };
+        let _t = rlft_kernels::op_time::span(if n <= SMALL_M {
             "decode attention"
         } else {
             "prefill attention"
@@ -486,9 +355,15 @@ fn run(
         let scores: usize = owner.iter().map(|&(r, i)| rows_ref[r].len + i + 1).sum();
         // Multiply-adds: q.k and the weighted sum of values over every (token, head, key).
         if serial(scores * nh * hd * 2) {
-            b.attn.chunks_mut(nh * hd).enumerate().for_each(attend);
+            b.attn
+                .chunks_mut(nh * hd)
+                .enumerate()
+                .for_each(attend_token);
         } else {
-            b.attn.par_chunks_mut(nh * hd).enumerate().for_each(attend);
+            b.attn
+                .par_chunks_mut(nh * hd)
+                .enumerate()
+                .for_each(attend_token);
         }
         drop(_t);
         linear(&a.o_proj, &b.attn, n, &mut b.o)?;
@@ -502,7 +377,8 @@ fn run(
             n,
             &mut [&mut b.gate, &mut b.up],
         )?;
-        let swiglu = |(g, u): (&mut [f32], &[f32])| crate::fused::act::silu_mul_in_place(g, u);
+        let swiglu =
+            |(g, u): (&mut [f32], &[f32])| rlft_kernels::fused::act::silu_mul_in_place(g, u);
         if serial(n * i_sz) {
             b.gate
                 .chunks_mut(i_sz)
@@ -530,7 +406,7 @@ fn run(
         end += t.len();
         last.extend_from_slice(&b.x[(end - 1) * h..end * h]);
     }
-    let _t = crate::op_time::span("decode lm-head");
+    let _t = rlft_kernels::op_time::span("decode lm-head");
     let m = tokens.len();
     let mut normed = vec![0f32; m * h];
     with_f32(&model.norm, |w| {

@@ -13,7 +13,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::ops::{self, Linear};
-use crate::quant::QuantWeight;
+use rlft_kernels::quant::QuantWeight;
 
 /// One attention block.
 #[derive(Debug, Clone)]
@@ -460,8 +460,8 @@ impl CausalLm {
         if p.fused {
             // Rotation straight from the projections' rows: no reshape/transpose nodes.
             let (cos, sin) = (cos.to_dtype(p.q.dtype())?, sin.to_dtype(p.q.dtype())?);
-            let q = crate::fused::rope::rope_rows(&p.q, nh, &cos, &sin)?;
-            let k = crate::fused::rope::rope_rows(&p.k, nkv, &cos, &sin)?;
+            let q = rlft_kernels::fused::rope::rope_rows(&p.q, nh, &cos, &sin)?;
+            let k = rlft_kernels::fused::rope::rope_rows(&p.k, nkv, &cos, &sin)?;
             let v = p.v.reshape((b, t, nkv, hd))?.transpose(1, 2)?;
             return Ok((q, k, v));
         }
@@ -496,7 +496,7 @@ impl CausalLm {
             m.up_proj.forward_t(&hs, grad)?,
         );
         let act = if ops::use_fused(&gate, grad) {
-            crate::fused::act::swiglu(&gate, &up)?
+            rlft_kernels::fused::act::swiglu(&gate, &up)?
         } else {
             (gate.silu()? * up)?
         };
@@ -575,8 +575,8 @@ impl CausalLm {
     /// [`Self::target_logprobs`] plus, when `entropy`, the entropy of each row's next-token
     /// distribution `[n]` (detached: a metric, no graph), from the same logits chunks.
     ///
-    /// f32/f64 models on the CPU (with [`crate::fused`] on) take the fused head
-    /// ([`crate::fused::head::lm_head_logprobs`]), which blocks rows and vocabulary itself and
+    /// f32/f64 models on the CPU (with [`rlft_kernels::fused`] on) take the fused head
+    /// ([`rlft_kernels::fused::head::lm_head_logprobs`]), which blocks rows and vocabulary itself and
     /// ignores `chunk`; its backward also gives the head's gradient when the head is trainable.
     pub fn target_logprobs_entropy(
         &self,
@@ -586,11 +586,11 @@ impl CausalLm {
         entropy: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
         let w = self.lm_head_weight();
-        if crate::fused::enabled_for(hidden)
+        if rlft_kernels::fused::enabled_for(hidden)
             && w.dtype() == hidden.dtype()
             && matches!(w.device(), Device::Cpu)
         {
-            return Ok(crate::fused::head::lm_head_logprobs(
+            return Ok(rlft_kernels::fused::head::lm_head_logprobs(
                 hidden, w, targets, entropy,
             )?);
         }
@@ -646,5 +646,35 @@ impl QkvProj {
             v: part(&self.v)?,
             fused: self.fused,
         })
+    }
+}
+
+impl crate::checkpoint::Checkpointed for CausalLm {}
+
+impl CausalLm {
+    /// Per layer, the LoRA dropout draw counters of its adapters (for
+    /// [`crate::checkpoint`]'s replay).
+    pub(crate) fn dropout_counters(
+        &self,
+    ) -> Vec<Vec<std::sync::Arc<std::sync::atomic::AtomicU64>>> {
+        self.layers
+            .iter()
+            .map(|l| {
+                let a = &l.self_attn;
+                let m = &l.mlp;
+                [
+                    &a.q_proj,
+                    &a.k_proj,
+                    &a.v_proj,
+                    &a.o_proj,
+                    &m.gate_proj,
+                    &m.up_proj,
+                    &m.down_proj,
+                ]
+                .iter()
+                .filter_map(|lin| lin.lora.as_ref().map(|l| l.draws.clone()))
+                .collect()
+            })
+            .collect()
     }
 }

@@ -108,7 +108,7 @@ pub fn generate_with(
     // Decoding on the CPU runs many short parallel loops: start them from a pool worker. A GPU
     // keeps the calling thread (the one its context was made on).
     if model.device().is_cpu() {
-        crate::runtime::on_pool(|| generate_on_thread(model, req, detok, fused))
+        rlft_kernels::pool::on_pool(|| generate_on_thread(model, req, detok, fused))
     } else {
         generate_on_thread(model, req, detok, fused)
     }
@@ -149,7 +149,7 @@ fn generate_on_thread(
     let expand: Vec<u32> = (0..req.prompts.len())
         .flat_map(|p| std::iter::repeat_n(p as u32, req.n))
         .collect();
-    let prefill_span = crate::op_time::span("generate: prefill");
+    let prefill_span = rlft_kernels::op_time::span("generate: prefill");
     let (mut decoder, first_logits) = if fused {
         let (caches, logits) = decode_fast::prefill(model, &req.prompts, req.max_new_tokens)?;
         let caches: Vec<RowCache> = expand.iter().map(|&p| caches[p as usize].clone()).collect();
@@ -201,7 +201,7 @@ fn generate_on_thread(
                 .map(|&i| v[i].take().expect("unique"))
                 .collect()
         };
-        let sample_span = crate::op_time::span("generate: sample");
+        let sample_span = rlft_kernels::op_time::span("generate: sample");
         act_rows
             .par_iter_mut()
             .zip(logits.par_iter())
@@ -223,7 +223,7 @@ fn generate_on_thread(
             .iter()
             .map(|&i| *rows[i].out.last().expect("sampled"))
             .collect();
-        let _step = crate::op_time::span("generate: decode step");
+        let _step = rlft_kernels::op_time::span("generate: decode step");
         logits = match &mut decoder {
             Decoder::Fast(caches) => {
                 let ids: Vec<Vec<u32>> = tokens.iter().map(|&t| vec![t]).collect();

@@ -12,7 +12,7 @@ use rlft_gguf::{GgufFile, Value};
 use crate::config::{Family, ModelConfig, RopeConfig, RopeScaling};
 use crate::error::{ModelError, Result};
 use crate::generation_config::GenerationConfig;
-use crate::quant::QuantWeight;
+use rlft_kernels::quant::QuantWeight;
 
 /// Maps a llama.cpp tensor name to its HF name (`None` for tensors that are not weights).
 pub fn hf_name(gguf_name: &str) -> Option<String> {

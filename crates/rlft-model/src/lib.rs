@@ -7,22 +7,24 @@
 //! - [`config`]: `config.json` <-> [`config::ModelConfig`] (both rope layouts).
 //! - [`decoder`]: the transformer with HF weight names; [`decoder::CausalLm::forward`] takes an
 //!   external [`kv_cache::KvCache`] so one set of weights serves rollout, reference and training.
-//! - [`ops`]: RMSNorm, RoPE, grouped-query attention; fused kernels for inference, differentiable
-//!   composites for training.
-//! - [`sampling`], [`generate`]: batched, seeded generation sharing each prompt's prefill.
+//! - [`ops`]: RMSNorm, RoPE, grouped-query attention over `rlft-kernels`' fused ops on the CPU,
+//!   candle's ops and differentiable composites elsewhere.
+//! - [`decode_fast`]: the fused f32 forward pass generation runs on the CPU, reading frozen
+//!   weights from their GGUF blocks while they mirror the tensors ([`quantized`]).
+//! - [`sampling`], [`generate`](mod@generate): batched, seeded generation sharing each prompt's prefill.
 //! - [`load`]: one entry point, [`load::load_model`], for directories and GGUF files;
 //!   [`export`] writes any loaded model back as an HF directory.
 //! - [`trainable`]: trainable weights (`Var`s inside the model), per-token log-probs with a
 //!   graph, the masked NLL loss.
-//! - [`lora`]: LoRA adapters on the linear layers (PEFT semantics), merge, adapters on/off;
+//! - [`lora`]: LoRA adapters on the linear layers (PEFT semantics; one layer's adapter is
+//!   [`adapter::LoraAdapter`]), merge, adapters on/off;
 //!   [`peft`] reads and writes them as PEFT adapter directories.
+//! - [`checkpoint`]: activation checkpointing of the decoder layers in training.
 //! - [`tiny`]: deterministic tiny random models for tests.
-//! - [`bench`]: the standard forward+backward and reference-pass benchmark work, and process
+//! - [`bench`](mod@bench): the standard forward+backward and reference-pass benchmark work, and process
 //!   measurements (peak RSS, interference), shared by `rlft bench` and the examples.
 
-pub mod alloc;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
+pub mod adapter;
 pub mod bench;
 pub mod checkpoint;
 pub mod config;
@@ -30,21 +32,15 @@ pub mod decode_fast;
 pub mod decoder;
 pub mod error;
 pub mod export;
-pub mod fused;
 pub mod generate;
 pub mod generation_config;
 pub mod gguf_load;
-pub mod kernels;
 pub mod kv_cache;
 pub mod load;
 pub mod lora;
-pub mod op_time;
 pub mod ops;
 pub mod peft;
-pub mod quant;
-#[cfg(target_arch = "x86_64")]
-mod quant_dot;
-pub mod runtime;
+pub mod quantized;
 pub mod safetensors_io;
 pub mod sampling;
 pub mod shared_prefix;

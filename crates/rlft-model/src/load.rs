@@ -147,7 +147,7 @@ pub struct ModelMetadata {
     /// the largest safetensors file of a directory.
     pub largest_file_bytes: u64,
     /// Bytes of GGUF blocks an f32 CPU load keeps beside the weights for decoding
-    /// ([`crate::quant`]); 0 for HF directories.
+    /// ([`rlft_kernels::quant`]); 0 for HF directories.
     pub decode_block_bytes: u64,
 }
 

@@ -1,6 +1,6 @@
 //! Building blocks shared by every family: linear layers, RMSNorm, RoPE, attention.
 //!
-//! On CPU f32/f64 the ops take [`crate::fused`]'s kernels (one graph node each, with backward)
+//! On CPU f32/f64 the ops take [`rlft_kernels::fused`]'s kernels (one graph node each, with backward)
 //! for training and for inference over more rows than a decoding step ([`use_fused`]).
 //! Otherwise `grad = false` uses candle's fused CPU/CUDA kernels, which are fast but have no
 //! backward (candle 0.11 drops their gradient silently), and `grad = true` uses composites of
@@ -11,17 +11,15 @@
 //! backward computes a gradient for every operand of a tracked op, trainable or not, which for a
 //! frozen weight is a full `[out, in]` gemm per call.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use candle_core::backend::BackendStorage;
-use candle_core::{
-    CpuStorage, CudaStorage, CustomOp1, DType, Device, Layout, MetalStorage, Shape, Storage,
-    Tensor, D,
+pub use crate::config::inv_freq;
+use candle_core::{DType, Tensor, D};
+pub use rlft_kernels::fused::attention::causal_bias;
+pub use rlft_kernels::fused::constant::{
+    add_const, frozen_linear, frozen_ops_enabled, mul_const, set_frozen_ops,
 };
 
-use crate::config::{RopeConfig, RopeScaling};
-use crate::error::{ModelError, Result};
-use crate::lora::LoraAdapter;
+use crate::adapter::LoraAdapter;
+use crate::error::Result;
 
 /// A dense layer in HF layout: `weight [out, in]`, optional `bias [out]`, optional LoRA adapter.
 #[derive(Debug, Clone)]
@@ -33,8 +31,8 @@ pub struct Linear {
     /// A LoRA adapter added to the output when enabled (see [`crate::lora`]).
     pub lora: Option<LoraAdapter>,
     /// The GGUF blocks `weight` was dequantised from, read by the decode path while they
-    /// still mirror `weight` (see [`crate::quant`]).
-    pub quant: Option<std::sync::Arc<crate::quant::QuantWeight>>,
+    /// still mirror `weight` (see [`rlft_kernels::quant`]).
+    pub quant: Option<std::sync::Arc<rlft_kernels::quant::QuantWeight>>,
 }
 
 impl Linear {
@@ -64,7 +62,7 @@ impl Linear {
     /// for the base weight; `grad = true` (training) applies dropout when the adapter has a
     /// dropout seed ([`crate::lora::set_dropout_seed`]).
     ///
-    /// Where [`use_fused`] holds, the product (base and adapter) is one [`crate::fused::linear`]
+    /// Where [`use_fused`] holds, the product (base and adapter) is one [`rlft_kernels::fused::linear`]
     /// op. Otherwise the base product picks its kernel by what needs a gradient: a frozen weight
     /// with an input that tracks a graph goes through [`frozen_linear`] (backward computes `dx`
     /// only); nothing tracked and few rows take the streaming kernel; otherwise candle's matmul.
@@ -85,7 +83,7 @@ impl Linear {
         Ok(y.reshape(out_dims)?)
     }
 
-    /// The training path through [`crate::fused::linear`] (one graph node for the base product
+    /// The training path through [`rlft_kernels::fused::linear`] (one graph node for the base product
     /// plus the adapter, no reshapes) when the kernels handle `x2 [.., in]`; `None` leaves it to
     /// candle's ops (other devices and dtypes, a trainable bias on a frozen weight, adapters
     /// in another dtype, or a trainable base weight under an adapter).
@@ -100,8 +98,8 @@ impl Linear {
             let w = self.weight.detach();
             let bias = self.bias.as_ref().map(Tensor::detach);
             return Ok(Some(match self.active_lora() {
-                None => crate::fused::linear::linear(x2, &w, bias.as_ref())?,
-                Some(l) if l.a.dtype() == x2.dtype() => crate::fused::linear::lora_linear(
+                None => rlft_kernels::fused::linear::linear(x2, &w, bias.as_ref())?,
+                Some(l) if l.a.dtype() == x2.dtype() => rlft_kernels::fused::linear::lora_linear(
                     x2,
                     &w,
                     bias.as_ref(),
@@ -118,7 +116,7 @@ impl Linear {
         match self.active_lora() {
             None => {
                 let frozen_bias = self.bias.as_ref().filter(|b| !b.track_op());
-                let y = crate::fused::linear::linear(x2, w, frozen_bias)?;
+                let y = rlft_kernels::fused::linear::linear(x2, w, frozen_bias)?;
                 Ok(Some(match &self.bias {
                     Some(b) if trainable_bias => y.broadcast_add(b)?,
                     _ => y,
@@ -126,7 +124,7 @@ impl Linear {
             }
             Some(l) if !w.track_op() && !trainable_bias && l.a.dtype() == x2.dtype() => {
                 let mask = l.dropout_mask(x2.dims(), grad, x2.device())?;
-                let y = crate::fused::linear::lora_linear(
+                let y = rlft_kernels::fused::linear::lora_linear(
                     x2,
                     w,
                     self.bias.as_ref(),
@@ -162,240 +160,6 @@ impl Linear {
     }
 }
 
-static FROZEN_OPS: AtomicBool = AtomicBool::new(true);
-
-/// Turns the constant-operand ops ([`frozen_linear`], [`mul_const`], [`add_const`]) on or off
-/// for the whole process (on by default). Off, frozen weights, rotary tables and masks go
-/// through candle's ops, whose backward also computes (and discards) their gradients: only for
-/// A/B measurements (`examples/fwd_bwd_bench.rs --no-frozen-op`).
-pub fn set_frozen_ops(enabled: bool) {
-    FROZEN_OPS.store(enabled, Ordering::Relaxed);
-}
-
-/// Whether [`set_frozen_ops`] left the constant-operand ops on.
-pub fn frozen_ops_enabled() -> bool {
-    FROZEN_OPS.load(Ordering::Relaxed)
-}
-
-/// `x [m, k] @ w [n, k]^T (+ bias [n]) -> [m, n]` where `w` and `bias` are constants: the op's
-/// only graph input is `x`, so backward computes `dx = dy @ w` and neither `dw` (an `[n, k]`
-/// gemm and allocation per call) nor a bias gradient, and the gradient store holds nothing for
-/// them. candle's own matmul would compute both, needed or not.
-///
-/// The forward is candle's matmul on the storage (the same gemm call `x.matmul(&w.t())` makes,
-/// so results are bit-identical), on whatever device the tensors live.
-pub fn frozen_linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    let (m, k) = x.dims2()?;
-    let (n, k2) = w.dims2()?;
-    if k != k2 {
-        return Err(ModelError::Invalid(format!(
-            "frozen_linear: x is [{m}, {k}] but the weight is [{n}, {k2}]"
-        )));
-    }
-    let op = FrozenLinear {
-        weight: w.detach(),
-        bias: bias.map(Tensor::detach),
-    };
-    Ok(x.apply_op1(op)?)
-}
-
-/// The custom op behind [`frozen_linear`]: captures the constant weight and bias.
-struct FrozenLinear {
-    weight: Tensor,
-    bias: Option<Tensor>,
-}
-
-impl FrozenLinear {
-    /// `x @ w^T (+ b)` on one backend's storage.
-    fn fwd<S: BackendStorage>(
-        x: &S,
-        xl: &Layout,
-        w: (&S, &Layout),
-        bias: Option<(&S, &Layout)>,
-    ) -> candle_core::Result<(S, Shape)> {
-        let (m, k) = xl.shape().dims2()?;
-        let n = w.1.dims()[0];
-        let wt = w.1.transpose(0, 1)?;
-        let y = x.matmul(w.0, (1, m, n, k), xl, &wt)?;
-        let y = match bias {
-            Some((b, bl)) => y.binary_impl::<candle_core::op::Add>(
-                b,
-                &Layout::contiguous((m, n)),
-                &bl.broadcast_as((m, n))?,
-            )?,
-            None => y,
-        };
-        Ok((y, Shape::from((m, n))))
-    }
-}
-
-/// Borrows the storage of `$t` as the `$variant` backend or fails with the op's name.
-macro_rules! backend_storage {
-    ($guard:expr, $variant:ident) => {
-        match &*$guard {
-            Storage::$variant(s) => s,
-            _ => candle_core::bail!("constant operand and input on different devices"),
-        }
-    };
-}
-
-impl CustomOp1 for FrozenLinear {
-    fn name(&self) -> &'static str {
-        "frozen-linear"
-    }
-
-    fn cpu_fwd(&self, x: &CpuStorage, xl: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let _t = crate::op_time::span("frozen-linear fwd");
-        let (wg, wl) = self.weight.storage_and_layout();
-        let w = backend_storage!(wg, Cpu);
-        match &self.bias {
-            Some(b) => {
-                let (bg, bl) = b.storage_and_layout();
-                Self::fwd(x, xl, (w, wl), Some((backend_storage!(bg, Cpu), bl)))
-            }
-            None => Self::fwd(x, xl, (w, wl), None),
-        }
-    }
-
-    fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
-        let (wg, wl) = self.weight.storage_and_layout();
-        let w = backend_storage!(wg, Cuda);
-        match &self.bias {
-            Some(b) => {
-                let (bg, bl) = b.storage_and_layout();
-                Self::fwd(x, xl, (w, wl), Some((backend_storage!(bg, Cuda), bl)))
-            }
-            None => Self::fwd(x, xl, (w, wl), None),
-        }
-    }
-
-    fn metal_fwd(
-        &self,
-        x: &MetalStorage,
-        xl: &Layout,
-    ) -> candle_core::Result<(MetalStorage, Shape)> {
-        let (wg, wl) = self.weight.storage_and_layout();
-        let w = backend_storage!(wg, Metal);
-        match &self.bias {
-            Some(b) => {
-                let (bg, bl) = b.storage_and_layout();
-                Self::fwd(x, xl, (w, wl), Some((backend_storage!(bg, Metal), bl)))
-            }
-            None => Self::fwd(x, xl, (w, wl), None),
-        }
-    }
-
-    /// `dx = dy @ w`, the same product candle's matmul backward computes for its left operand.
-    fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        let _t = crate::op_time::span("frozen-linear bwd");
-        Ok(Some(dy.contiguous()?.matmul(&self.weight)?))
-    }
-}
-
-/// `x * c`, `c` broadcast to `x`'s shape, for a constant `c` (frozen norm weight, rotary
-/// table): when `x` tracks a graph and `c` does not, the op's only graph input is `x`, so
-/// backward computes `dx = dy * c` and not the `x`-sized gradient of `c`'s broadcast view
-/// (candle's `broadcast_mul` computes and keeps it). Same values as `x.broadcast_mul(c)`.
-pub fn mul_const(x: &Tensor, c: &Tensor) -> Result<Tensor> {
-    const_binary(x, c, ConstOp::Mul)
-}
-
-/// `x + c`, `c` broadcast to `x`'s shape, for a constant `c` (attention mask): as [`mul_const`],
-/// backward passes `dy` to `x` only. Same values as `x.broadcast_add(c)`.
-pub fn add_const(x: &Tensor, c: &Tensor) -> Result<Tensor> {
-    const_binary(x, c, ConstOp::Add)
-}
-
-#[derive(Debug, Clone, Copy)]
-enum ConstOp {
-    Mul,
-    Add,
-}
-
-/// Whether `small` broadcasts to `big` (numpy rules) without `big` growing.
-fn broadcasts_to(small: &[usize], big: &[usize]) -> bool {
-    small.len() <= big.len()
-        && small
-            .iter()
-            .rev()
-            .zip(big.iter().rev())
-            .all(|(&s, &b)| s == b || s == 1)
-}
-
-fn const_binary(x: &Tensor, c: &Tensor, op: ConstOp) -> Result<Tensor> {
-    let custom = x.track_op()
-        && !c.track_op()
-        && frozen_ops_enabled()
-        && x.dtype() == c.dtype()
-        && broadcasts_to(c.dims(), x.dims());
-    if !custom {
-        return Ok(match op {
-            ConstOp::Mul => x.broadcast_mul(c)?,
-            ConstOp::Add => x.broadcast_add(c)?,
-        });
-    }
-    Ok(x.apply_op1(ConstBinary { c: c.detach(), op })?)
-}
-
-/// The custom op behind [`mul_const`] / [`add_const`]: captures the constant.
-struct ConstBinary {
-    c: Tensor,
-    op: ConstOp,
-}
-
-impl ConstBinary {
-    fn fwd<S: BackendStorage>(
-        &self,
-        x: &S,
-        xl: &Layout,
-        c: (&S, &Layout),
-    ) -> candle_core::Result<(S, Shape)> {
-        let cl = c.1.broadcast_as(xl.shape().clone())?;
-        let y = match self.op {
-            ConstOp::Mul => x.binary_impl::<candle_core::op::Mul>(c.0, xl, &cl)?,
-            ConstOp::Add => x.binary_impl::<candle_core::op::Add>(c.0, xl, &cl)?,
-        };
-        Ok((y, xl.shape().clone()))
-    }
-}
-
-impl CustomOp1 for ConstBinary {
-    fn name(&self) -> &'static str {
-        match self.op {
-            ConstOp::Mul => "mul-const",
-            ConstOp::Add => "add-const",
-        }
-    }
-
-    fn cpu_fwd(&self, x: &CpuStorage, xl: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let _t = crate::op_time::span("const-binary fwd");
-        let (cg, cl) = self.c.storage_and_layout();
-        self.fwd(x, xl, (backend_storage!(cg, Cpu), cl))
-    }
-
-    fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
-        let (cg, cl) = self.c.storage_and_layout();
-        self.fwd(x, xl, (backend_storage!(cg, Cuda), cl))
-    }
-
-    fn metal_fwd(
-        &self,
-        x: &MetalStorage,
-        xl: &Layout,
-    ) -> candle_core::Result<(MetalStorage, Shape)> {
-        let (cg, cl) = self.c.storage_and_layout();
-        self.fwd(x, xl, (backend_storage!(cg, Metal), cl))
-    }
-
-    fn bwd(&self, _x: &Tensor, _y: &Tensor, dy: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        let _t = crate::op_time::span("const-binary bwd");
-        Ok(Some(match self.op {
-            ConstOp::Mul => dy.broadcast_mul(&self.c)?,
-            ConstOp::Add => dy.clone(),
-        }))
-    }
-}
-
 /// `x [m, k] @ w^T` through the streaming kernel when nothing needs a gradient and `m` is small
 /// (decoding); `None` means use gemm.
 pub fn inference_small_matmul(
@@ -406,7 +170,7 @@ pub fn inference_small_matmul(
     if x.track_op() || w.track_op() || bias.is_some_and(Tensor::track_op) {
         return Ok(None);
     }
-    crate::kernels::matmul_wt_small(x, w, bias)
+    Ok(rlft_kernels::stream::matmul_wt_small(x, w, bias)?)
 }
 
 /// The dtype norms, softmax and logits are computed in: f32 as transformers does, except that f64
@@ -429,7 +193,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, grad: bool) -> Result<Ten
         } else {
             weight.detach()
         };
-        return Ok(crate::fused::norm::rms_norm(x, &weight, eps)?);
+        return Ok(rlft_kernels::fused::norm::rms_norm(x, &weight, eps)?);
     }
     if !grad && dtype == DType::F32 {
         return Ok(candle_nn::ops::rms_norm(
@@ -441,44 +205,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, grad: bool) -> Result<Ten
     let xf = x.to_dtype(compute_dtype(dtype))?;
     let var = xf.sqr()?.mean_keepdim(D::Minus1)?;
     let normed = xf.broadcast_div(&(var + eps)?.sqrt()?)?.to_dtype(dtype)?;
-    mul_const(&normed, weight)
-}
-
-/// Inverse frequencies `[head_dim / 2]` in f32, following transformers' rope init functions.
-pub fn inv_freq(rope: &RopeConfig, head_dim: usize) -> Vec<f32> {
-    let base: Vec<f32> = (0..head_dim / 2)
-        .map(|i| 1.0 / (rope.theta as f32).powf((2 * i) as f32 / head_dim as f32))
-        .collect();
-    match &rope.scaling {
-        RopeScaling::Default => base,
-        RopeScaling::Linear { factor } => base.iter().map(|f| f / *factor as f32).collect(),
-        RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            original_max_position_embeddings,
-        } => {
-            let old = *original_max_position_embeddings as f64;
-            let low_wavelen = old / low_freq_factor;
-            let high_wavelen = old / high_freq_factor;
-            base.iter()
-                .map(|&f| {
-                    let f = f as f64;
-                    let wavelen = 2.0 * std::f64::consts::PI / f;
-                    let scaled = if wavelen > low_wavelen { f / factor } else { f };
-                    let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
-                    if medium {
-                        let smooth = (old / wavelen - low_freq_factor)
-                            / (high_freq_factor - low_freq_factor);
-                        ((1.0 - smooth) * scaled / factor + smooth * scaled) as f32
-                    } else {
-                        scaled as f32
-                    }
-                })
-                .collect()
-        }
-        RopeScaling::Factors(div) => base.iter().zip(div).map(|(f, d)| f / d).collect(),
-    }
+    Ok(mul_const(&normed, weight)?)
 }
 
 /// Rotary tables for given positions: `positions [b, t] (u32) -> (cos, sin)`, each
@@ -489,14 +216,14 @@ pub fn rope_tables(inv_freq: &Tensor, positions: &Tensor) -> Result<(Tensor, Ten
     Ok((angles.cos()?, angles.sin()?))
 }
 
-/// Whether an op on `x [.., d]` takes the fused kernel ([`crate::fused`]): when they handle
+/// Whether an op on `x [.., d]` takes the fused kernel ([`rlft_kernels::fused`]): when they handle
 /// `x`, for training, and for inference over more rows than a decoding step has (a prefill, a
 /// reference pass); decoding steps keep candle's kernels, cheaper on a few rows.
 pub fn use_fused(x: &Tensor, grad: bool) -> bool {
-    crate::fused::enabled_for(x)
+    rlft_kernels::fused::enabled_for(x)
         && (grad
             || x.elem_count() / x.dims().last().copied().unwrap_or(1).max(1)
-                > crate::kernels::SMALL_M)
+                > rlft_kernels::stream::SMALL_M)
 }
 
 /// Applies rotary embeddings (HF "rotate half" convention): `x [b, h, t, d]`,
@@ -507,8 +234,8 @@ pub fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor, grad: bool) -> Result<
     if !grad {
         return Ok(candle_nn::rotary_emb::rope(&x.contiguous()?, &cos, &sin)?);
     }
-    if crate::fused::enabled_for(x) {
-        return Ok(crate::fused::rope::rope(x, &cos, &sin)?);
+    if rlft_kernels::fused::enabled_for(x) {
+        return Ok(rlft_kernels::fused::rope::rope(x, &cos, &sin)?);
     }
     let d = x.dim(D::Minus1)?;
     let x1 = x.narrow(D::Minus1, 0, d / 2)?;
@@ -534,7 +261,7 @@ pub fn softmax(x: &Tensor, grad: bool) -> Result<Tensor> {
 /// (0 or -inf) -> `[b, h, t, d]`. Query heads `g*groups .. (g+1)*groups` share kv head `g`,
 /// as in transformers' `repeat_kv`. candle's ops (the path for other devices and dtypes, and
 /// the reference the fused kernel is tested against); the model calls [`attention_rows`],
-/// which takes [`crate::fused::attention`] where it applies.
+/// which takes [`rlft_kernels::fused::attention`] where it applies.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, bias: &Tensor, grad: bool) -> Result<Tensor> {
     let (b, h, t, d) = q.dims4()?;
     let kvh = k.dim(1)?;
@@ -569,10 +296,10 @@ pub fn attention_rows(
 ) -> Result<Tensor> {
     let (b, h, t, d) = q.dims4()?;
     let big_t = k.dim(2)?;
-    if crate::fused::enabled_for(q) && bias.dims4()? == (b, 1, t, big_t) {
+    if rlft_kernels::fused::enabled_for(q) && bias.dims4()? == (b, 1, t, big_t) {
         let scale = 1.0 / (d as f64).sqrt();
         let bias = bias.to_dtype(q.dtype())?;
-        return Ok(crate::fused::attention::attention_rows(
+        return Ok(rlft_kernels::fused::attention::attention_rows(
             q, k, v, &bias, scale,
         )?);
     }
@@ -580,30 +307,11 @@ pub fn attention_rows(
     Ok(out.transpose(1, 2)?.reshape((b, t, h * d))?)
 }
 
-/// Additive attention bias `[b, 1, t, past + t]` for left-padded rows: query `i` of row `r`
-/// sees keys `j <= past + i` that are not padding (`j >= pad[r]`). A fully masked row (a pad
-/// query) keeps its own key so softmax stays finite.
-pub fn causal_bias(pad: &[usize], past: usize, t: usize, device: &Device) -> Result<Tensor> {
-    let total = past + t;
-    let mut data = vec![0f32; pad.len() * t * total];
-    for (r, &p) in pad.iter().enumerate() {
-        for i in 0..t {
-            let row = &mut data[(r * t + i) * total..(r * t + i + 1) * total];
-            let qpos = past + i;
-            for (j, x) in row.iter_mut().enumerate() {
-                let visible = j <= qpos && (j >= p || j == qpos);
-                if !visible {
-                    *x = f32::NEG_INFINITY;
-                }
-            }
-        }
-    }
-    Ok(Tensor::from_vec(data, (pad.len(), 1, t, total), device)?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{RopeConfig, RopeScaling};
+    use candle_core::Device;
 
     fn rand(shape: &[usize], seed: u64) -> Tensor {
         let n: usize = shape.iter().product();

@@ -183,10 +183,10 @@ fn is_plain(p: &SamplingParams) -> bool {
 
 /// `exp((x - max) / t)` for every logit: the unnormalised probabilities, vectorised.
 fn unnormalised(logits: &[f32], max: f32, inv_t: f32) -> Vec<f32> {
-    crate::fused::simd!({
+    rlft_kernels::simd!({
         logits
             .iter()
-            .map(|&x| crate::fused::exp_f32((x - max) * inv_t))
+            .map(|&x| rlft_kernels::math::exp_f32((x - max) * inv_t))
             .collect()
     })
 }

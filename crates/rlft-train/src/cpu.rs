@@ -2,14 +2,15 @@
 //! through candle's `InplaceOp1` (no copies), and the element loops.
 //!
 //! Every loop is a plain indexed loop over equal-length slices that LLVM vectorises; each is
-//! compiled twice, for the baseline target and with AVX2+FMA (picked at run time), because the
-//! default x86-64 target only has SSE2. Callers split tensors into [`CHUNK`]-element pieces and run
+//! compiled twice, for the baseline target and with AVX2+FMA (picked at run time by
+//! [`rlft_kernels::simd`]), because the default x86-64 target only has SSE2. Callers split tensors into [`CHUNK`]-element pieces and run
 //! them on rayon's pool.
 
 use std::cell::RefCell;
 
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Storage, Tensor};
 use half::{bf16, f16};
+use rlft_kernels::simd_fn;
 
 /// Elements per parallel task: 64 KiB of f32 per stream, large enough to amortise scheduling,
 /// small enough to balance 8k tasks over the cores for a 135M-parameter model.
@@ -160,30 +161,6 @@ where
     t.inplace_op1(&WithCpuMut(RefCell::new(Some(f))))
 }
 
-/// Defines `pub(crate) fn $name` from a loop body: an AVX2+FMA build of the body used when the
-/// CPU has it, the baseline build otherwise.
-macro_rules! simd_fn {
-    ($(#[$m:meta])* fn $name:ident<$($g:ident: $b:ident),*>($($a:ident: $t:ty),* $(,)?) $(-> $r:ty)? $body:block) => {
-        $(#[$m])*
-        pub(crate) fn $name<$($g: $b),*>($($a: $t),*) $(-> $r)? {
-            #[inline(always)]
-            fn body<$($g: $b),*>($($a: $t),*) $(-> $r)? $body
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx2,fma")]
-                unsafe fn avx2<$($g: $b),*>($($a: $t),*) $(-> $r)? {
-                    body($($a),*)
-                }
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                    // SAFETY: the CPU supports AVX2 and FMA (checked just above).
-                    return unsafe { avx2($($a),*) };
-                }
-            }
-            body($($a),*)
-        }
-    };
-}
-
 /// Per-step scalars of one AdamW update, in f32 (PyTorch's `_fused_adamw` also rounds them to
 /// the parameter's opmath type, f32).
 #[derive(Clone, Copy, Debug)]
@@ -241,7 +218,7 @@ simd_fn! {
     /// streams read, three written), and this guest's hardware prefetcher keeps few streams
     /// ahead. (`adamw_master_chunk` repeats this loop: the two sharing one helper that takes
     /// the body as a closure over a range stopped LLVM vectorising it, 80 -> 124-133 ms.)
-    fn adamw_chunk<G: Elem>(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[G], k: &AdamWCoefs) {
+    pub(crate) fn adamw_chunk<G: Elem>(p: &mut [f32], m: &mut [f32], v: &mut [f32], g: &[G], k: &AdamWCoefs) {
         let n = p.len();
         let (m, v, g) = (&mut m[..n], &mut v[..n], &g[..n]);
         let mut i0 = 0;
@@ -265,7 +242,7 @@ simd_fn! {
 simd_fn! {
     /// [`adamw_chunk`] on the f32 master copy `w` of low-precision parameters `p` (all `[n]`);
     /// `p` receives the rounded result.
-    fn adamw_master_chunk<P: Elem, G: Elem>(
+    pub(crate) fn adamw_master_chunk<P: Elem, G: Elem>(
         w: &mut [f32],
         p: &mut [P],
         m: &mut [f32],
@@ -305,7 +282,7 @@ simd_fn! {
 
 simd_fn! {
     /// Sum of squares of `x`, accumulated in f64 (8 lanes, fixed order: deterministic).
-    fn sum_sq<G: Elem>(x: &[G]) -> f64 {
+    pub(crate) fn sum_sq<G: Elem>(x: &[G]) -> f64 {
         let mut acc = [0f64; 8];
         let blocks = x.chunks_exact(8);
         let tail = blocks.remainder();
@@ -329,7 +306,7 @@ simd_fn! {
 
 simd_fn! {
     /// `x *= a` in place (computed in f32, rounded back to the element type).
-    fn scale_in_place<G: Elem>(x: &mut [G], a: f32) {
+    pub(crate) fn scale_in_place<G: Elem>(x: &mut [G], a: f32) {
         for xi in x.iter_mut() {
             *xi = G::from_f32(xi.to_f32() * a);
         }
@@ -338,7 +315,7 @@ simd_fn! {
 
 simd_fn! {
     /// `acc += a * x` (f32 accumulator, `x` of any float type; both `[n]`).
-    fn axpy<G: Elem>(acc: &mut [f32], x: &[G], a: f32) {
+    pub(crate) fn axpy<G: Elem>(acc: &mut [f32], x: &[G], a: f32) {
         let n = acc.len();
         let x = &x[..n];
         for i in 0..n {
@@ -349,7 +326,7 @@ simd_fn! {
 
 simd_fn! {
     /// `out = a * x` into a fresh f32 buffer (both `[n]`).
-    fn scaled_copy<G: Elem>(out: &mut [f32], x: &[G], a: f32) {
+    pub(crate) fn scaled_copy<G: Elem>(out: &mut [f32], x: &[G], a: f32) {
         let n = out.len();
         let x = &x[..n];
         for i in 0..n {

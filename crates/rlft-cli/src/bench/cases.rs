@@ -12,11 +12,11 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use candle_core::Var;
+use rlft_kernels::op_time;
+use rlft_kernels::pool::on_pool;
 use rlft_model::bench::process::{self, CpuSnapshot};
 use rlft_model::bench::{bench_lora_config, fwd_bwd, median, ref_pass, BenchBatch};
 use rlft_model::lora::{attach_lora, ALL_LINEAR};
-use rlft_model::op_time;
-use rlft_model::runtime::on_pool;
 use rlft_model::trainable::make_trainable;
 use rlft_model::{generate, GenerateRequest, LoadedModel, SamplingParams};
 use rlft_text::Message;

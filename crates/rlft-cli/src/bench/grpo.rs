@@ -129,7 +129,7 @@ answer_field = "answer"
     let mut p = rlft::grpo::prepare(&cfg, model, &Device::Cpu)?;
     let load_s = t0.elapsed().as_secs_f64();
     let meter = Meter::start();
-    rlft_model::op_time::take();
+    rlft_kernels::op_time::take();
     let s = rlft::grpo::train(&cfg, &mut p, &RunOptions::default())?;
     let get = |m: &[(String, f64)], k: &str| {
         m.iter()
@@ -143,11 +143,11 @@ answer_field = "answer"
         .iter()
         .map(|m| PHASES.iter().map(|ph| get(m, &format!("time/{ph}"))).sum())
         .collect();
-    if rlft_model::op_time::enabled() {
+    if rlft_kernels::op_time::enabled() {
         // Every step, the warm-up one included (the ops do not know which step runs them).
         let mean = step_s.iter().sum::<f64>() / step_s.len().max(1) as f64;
-        let t = rlft_model::op_time::take();
-        eprint!("{}", rlft_model::op_time::table(&t, step_s.len(), mean));
+        let t = rlft_kernels::op_time::take();
+        eprint!("{}", rlft_kernels::op_time::table(&t, step_s.len(), mean));
     }
     let mut phases = serde_json::Map::new();
     for ph in PHASES {

@@ -111,6 +111,10 @@ pub fn machine_info() -> Value {
         "git_dirty": dirty,
         "rlft_version": env!("CARGO_PKG_VERSION"),
         "date_utc": utc_now(),
+        // The kernels' switches and SIMD level (`rlft inspect --runtime`); the cases' processes
+        // inherit this environment.
+        "kernels": serde_json::to_value(rlft_kernels::runtime::Runtime::current())
+            .unwrap_or(Value::Null),
     })
 }
 
@@ -250,6 +254,18 @@ pub fn print_table(result: &Value) {
             _ => String::new(),
         },
     );
+    let k = &m["kernels"];
+    if let Some(t) = k["tuning"].as_object() {
+        let on = |f: &str| u8::from(t.get(f).and_then(Value::as_bool).unwrap_or(false));
+        println!(
+            "kernels: {}, RLFT_SPIN={} RLFT_MALLOC_TUNE={} RLFT_AVX512={} RLFT_OP_TIMES={}",
+            k["simd"].as_str().unwrap_or("?"),
+            on("spin"),
+            on("malloc_tune"),
+            on("avx512"),
+            on("op_times"),
+        );
+    }
     let mut header = format!(
         "{:<9} {:>11} {:>19} {:>10}",
         "case", "rlft median", "rlft min-max", "peak RSS"

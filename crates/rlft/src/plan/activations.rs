@@ -33,7 +33,7 @@ pub const BACKWARD_H: usize = 4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kernels {
-    /// `rlft_model::fused`: f32 (and f64) on the CPU; one graph node per norm, linear, RoPE,
+    /// `rlft_kernels::fused`: f32 (and f64) on the CPU; one graph node per norm, linear, RoPE,
     /// SwiGLU and attention, whose probabilities are recomputed in backward.
     Fused,
     /// candle's differentiable composites (bf16 on the CPU): each elementary op keeps its
@@ -49,7 +49,7 @@ pub enum HeadKernel {
     /// candle's `log_sum_exp` and `gather`; each block keeps logits, shifted logits and their
     /// `exp` (f32), and bf16 logits before their f32 cast.
     Chunked,
-    /// `rlft_model::fused::head::lm_head_logprobs`: logits a block of rows at a time, never
+    /// `rlft_kernels::fused::head::lm_head_logprobs`: logits a block of rows at a time, never
     /// `[rows, vocab]` beyond [`FUSED_HEAD_KEEP`] elements; a frozen head keeps
     /// `d out / d hidden` `[rows, hidden]` (f32), a trainable one the per-row log-sum-exp and
     /// the `[rows, vocab]` probabilities up to [`FUSED_HEAD_KEEP`] elements (recomputing logits

@@ -14,7 +14,7 @@
 //! | `export` | the final model: the LoRA-merged copy, the write buffer (bf16: an f32 copy) |
 //!
 //! Phases do not add up: what a phase frees goes back to the heap, which the next reuses (the
-//! allocator keeps it: `rlft_model::alloc`). So RSS after loading is the heap's high-water mark
+//! allocator keeps it: `rlft_kernels::alloc`). So RSS after loading is the heap's high-water mark
 //! (the largest heap footprint of any phase) plus the buffers of at least [`MMAP_THRESHOLD`]
 //! bytes, which get fresh pages, unless a phase's own large buffers fit in the heap's free
 //! memory ([`HEAP_REUSE_FACTOR`]); the predicted peak is the largest phase RSS. Every size is a
@@ -507,7 +507,7 @@ const AFTER_LOAD: [Phase; 6] = [
 
 /// Buffers this large or larger get fresh pages from `mmap` and go back to the system when
 /// freed; smaller ones come from the heap, which keeps what is freed for later allocations
-/// (`rlft_model::alloc` sets glibc's threshold to 32 MiB and turns trimming off). So RSS never
+/// (`rlft_kernels::alloc` sets glibc's threshold to 32 MiB and turns trimming off). So RSS never
 /// drops below the heap's high-water mark, and a later phase's large buffers come on top of it.
 pub const MMAP_THRESHOLD: u64 = 32 << 20;
 

@@ -367,7 +367,7 @@ pub fn no_grad_passes(
 ) -> Result<(Option<Vec<Vec<f32>>>, Option<Vec<Vec<f32>>>)> {
     let device = p.policy.device();
     let pass = |m: &CausalLm| {
-        rlft_model::runtime::on_pool_for(device, || {
+        rlft_kernels::pool::on_pool_for(device, || {
             logprobs_no_grad(
                 m,
                 items,

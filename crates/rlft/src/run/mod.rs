@@ -431,7 +431,7 @@ fn train_loop<C: TrainerConfig, A: Algorithm>(
             }
             let (opt, state) = (&mut run.opt, &mut run.state);
             let sched = &run.sched;
-            let out = rlft_model::runtime::on_pool_for(&device, || {
+            let out = rlft_kernels::pool::on_pool_for(&device, || {
                 optim::step(&mut *algo, policy, &unit, step, opt, sched, state, args)
             })?;
             run.state.global_step += 1;

@@ -4,24 +4,20 @@
 //! gemm would pack the long operand and read the output back. Here each output element is
 //! written once, summed over `r` in registers; the f32 path on AVX2 + FMA keeps a tile of
 //! 4 x 24 outputs (12 accumulators) and uses FMA, where the portable loop (other types and
-//! CPUs, f64 in the tests) compiles to separate multiplies and adds. Inside a LoRA step on the
-//! default model (`RLFT_OP_TIMES`, 210 calls each way) the expansions took 0.21 s (forward) and
-//! 0.28 s (backward) a step on the portable loop, 0.09 and 0.08 s on the AVX2 kernel.
+//! CPUs, f64 in the tests) compiles to separate multiplies and adds, at a fraction of the
+//! speed (`RLFT_OP_TIMES` over a LoRA step; docs/kernels.md).
 
 use std::mem::MaybeUninit;
 
 use rayon::prelude::*;
 
-use super::Real;
+use crate::math::Real;
 use candle_core::DType;
 
 /// Output rows per parallel task of [`expand`].
 const ROWS_PER_TASK: usize = 16;
 /// Output columns the portable loop keeps in registers at a time.
 const PORTABLE_COLS: usize = 64;
-/// Register tile of the AVX2 kernels: rows by columns (3 vectors of 8).
-const TILE_R: usize = 4;
-const TILE_C: usize = 24;
 
 /// `out [m, n] = h [m, r] @ bt [r, n] (+ bias [n])` into a new buffer, for a small `r` (LoRA's
 /// rank): each output element is written once, summed over `r` in registers. The layers use it
@@ -60,7 +56,7 @@ fn expand_rows<T: Real>(
     out: &mut [MaybeUninit<T>],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if T::DTYPE == DType::F32 && super::has_avx2_fma() {
+    if T::DTYPE == DType::F32 && crate::simd::avx2_fma() {
         // SAFETY: T is f32 (checked), so the slices are reinterpreted as their own type
         // (MaybeUninit<f32> has f32's layout); the CPU has AVX2 and FMA (checked).
         unsafe {
@@ -78,7 +74,7 @@ fn expand_rows<T: Real>(
         }
         return;
     }
-    super::simd!(expand_portable(h, bt, bias, r, n, out))
+    crate::simd!(expand_portable(h, bt, bias, r, n, out))
 }
 
 /// The portable loop of [`expand`]: each row in blocks of [`PORTABLE_COLS`] columns.
@@ -120,10 +116,16 @@ mod avx2 {
     use std::arch::x86_64::*;
     use std::mem::MaybeUninit;
 
-    use super::{TILE_C, TILE_R};
+    /// Register tile of the AVX2 kernels: rows by columns (3 vectors of 8).
+    const TILE_R: usize = 4;
+    const TILE_C: usize = 24;
 
     /// [`super::expand_rows`] for f32: whole `TILE_R x TILE_C` tiles in registers, the edges
     /// (rows past the last whole group, columns past the last whole tile) one by one.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA. (The slices' lengths are as [`super::expand`] asserts:
+    /// `h [rows, r]`, `bt [r, n]`, `bias [n]`, `out [rows, n]`.)
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn expand_rows(
         h: &[f32],
@@ -138,32 +140,37 @@ mod avx2 {
         let op = out.as_mut_ptr() as *mut f32;
         let full_c = n / TILE_C * TILE_C;
         let full_r = rows / TILE_R * TILE_R;
+        // SAFETY: whole tiles only: columns `j0 + 24 <= full_c <= n` of `bias` and of the
+        // rows `rr < r` of `bt`, elements `i0 + i < full_r <= rows` of `h`'s column `rr`, and
+        // outputs inside `out`'s `[rows, n]`.
         for j0 in (0..full_c).step_by(TILE_C) {
-            let init = |c: usize| match bias {
-                Some(b) => _mm256_loadu_ps(b.as_ptr().add(j0 + 8 * c)),
-                None => _mm256_setzero_ps(),
-            };
-            let (b0, b1, b2) = (init(0), init(1), init(2));
-            for i0 in (0..full_r).step_by(TILE_R) {
-                let mut acc = [[b0, b1, b2]; TILE_R];
-                for rr in 0..r {
-                    let br = bp.add(rr * n + j0);
-                    let v = [
-                        _mm256_loadu_ps(br),
-                        _mm256_loadu_ps(br.add(8)),
-                        _mm256_loadu_ps(br.add(16)),
-                    ];
-                    for (i, a) in acc.iter_mut().enumerate() {
-                        let hv = _mm256_broadcast_ss(&*hp.add((i0 + i) * r + rr));
-                        for c in 0..3 {
-                            a[c] = _mm256_fmadd_ps(hv, v[c], a[c]);
+            unsafe {
+                let init = |c: usize| match bias {
+                    Some(b) => _mm256_loadu_ps(b.as_ptr().add(j0 + 8 * c)),
+                    None => _mm256_setzero_ps(),
+                };
+                let (b0, b1, b2) = (init(0), init(1), init(2));
+                for i0 in (0..full_r).step_by(TILE_R) {
+                    let mut acc = [[b0, b1, b2]; TILE_R];
+                    for rr in 0..r {
+                        let br = bp.add(rr * n + j0);
+                        let v = [
+                            _mm256_loadu_ps(br),
+                            _mm256_loadu_ps(br.add(8)),
+                            _mm256_loadu_ps(br.add(16)),
+                        ];
+                        for (i, a) in acc.iter_mut().enumerate() {
+                            let hv = _mm256_broadcast_ss(&*hp.add((i0 + i) * r + rr));
+                            for c in 0..3 {
+                                a[c] = _mm256_fmadd_ps(hv, v[c], a[c]);
+                            }
                         }
                     }
-                }
-                for (i, a) in acc.iter().enumerate() {
-                    let o = op.add((i0 + i) * n + j0);
-                    for (c, v) in a.iter().enumerate() {
-                        _mm256_storeu_ps(o.add(8 * c), *v);
+                    for (i, a) in acc.iter().enumerate() {
+                        let o = op.add((i0 + i) * n + j0);
+                        for (c, v) in a.iter().enumerate() {
+                            _mm256_storeu_ps(o.add(8 * c), *v);
+                        }
                     }
                 }
             }

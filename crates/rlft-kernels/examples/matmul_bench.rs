@@ -11,7 +11,7 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 
 use rlft_gguf::GgmlType;
-use rlft_model::quant::QuantWeight;
+use rlft_kernels::quant::QuantWeight;
 
 fn time<F: FnMut()>(mut f: F, reps: usize) -> f64 {
     f();
@@ -28,7 +28,7 @@ fn time<F: FnMut()>(mut f: F, reps: usize) -> f64 {
 
 /// As the `rlft` binary: buffers of 1 KiB and more start on a cache line.
 #[global_allocator]
-static ALLOC: rlft_model::alloc::CacheLineAlloc = rlft_model::alloc::CacheLineAlloc;
+static ALLOC: rlft_kernels::alloc::CacheLineAlloc = rlft_kernels::alloc::CacheLineAlloc;
 
 fn main() -> candle_core::Result<()> {
     if std::env::args().any(|a| a == "decode") {
@@ -69,7 +69,7 @@ fn main() -> candle_core::Result<()> {
         );
         if m <= 16 {
             let s = time(
-                || drop(rlft_model::kernels::matmul_wt_small(&x, &w, None).unwrap()),
+                || drop(rlft_kernels::stream::matmul_wt_small(&x, &w, None).unwrap()),
                 9,
             );
             let gbs = (n * k * 4) as f64 / s / 1e9;
@@ -138,7 +138,7 @@ fn main() -> candle_core::Result<()> {
         ("dh = dy @ B       ", &gv, n, &bt),
     ] {
         let t = time(
-            || rlft_model::kernels::matmul_wt_rows(xs, m, kk, w, r, &mut o),
+            || rlft_kernels::stream::matmul_wt_rows(xs, m, kk, w, r, &mut o),
             15,
         );
         println!(
@@ -260,7 +260,7 @@ fn prefill_products() {
         let flops = 2.0 * (m * k * n) as f64;
         let g = time(|| gemm_rayon(m, n, k, &mut o, &x, &w), 15);
         let s = time(
-            || rlft_model::kernels::matmul_wt(&x, m, k, &w, n, None, &mut o),
+            || rlft_kernels::stream::matmul_wt(&x, m, k, &w, n, None, &mut o),
             15,
         );
         println!(
@@ -294,6 +294,10 @@ fn fma_peak() {
     }
 }
 
+/// 12 independent chains of 8-lane FMAs, `iters` rounds: the CPU's f32 FMA peak.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn fma_chains(iters: usize) -> f32 {
@@ -306,17 +310,22 @@ unsafe fn fma_chains(iters: usize) -> f32 {
         }
     }
     let mut out = [0f32; 8];
-    _mm256_storeu_ps(
-        out.as_mut_ptr(),
-        acc.iter()
-            .fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a)),
-    );
+    // SAFETY: `out` holds the 8 f32 stored.
+    unsafe {
+        _mm256_storeu_ps(
+            out.as_mut_ptr(),
+            acc.iter()
+                .fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a)),
+        )
+    };
     std::hint::black_box(out[0])
 }
 
 /// Columns `j0..j0 + nj` of `dst [m, n] = a [m, k] @ w [n, k]^T` on `par`.
-/// SAFETY (caller): `dst`, `a`, `w` hold `m * n`, `m * k`, `n * k` floats and `j0 + nj <= n`;
-/// calls running at once write disjoint column ranges.
+///
+/// # Safety
+/// `dst`, `a`, `w` hold `m * n`, `m * k`, `n * k` floats and `j0 + nj <= n`; calls running at
+/// once write disjoint column ranges.
 unsafe fn gemm_cols(
     (m, n, k): (usize, usize, usize),
     dst: *mut f32,
@@ -325,27 +334,30 @@ unsafe fn gemm_cols(
     (j0, nj): (usize, usize),
     par: gemm::Parallelism,
 ) {
-    gemm::gemm(
-        m,
-        nj,
-        k,
-        dst.add(j0),
-        1,
-        n as isize,
-        false,
-        a,
-        1,
-        k as isize,
-        w.add(j0 * k),
-        k as isize,
-        1,
-        1.0,
-        1.0,
-        false,
-        false,
-        false,
-        par,
-    )
+    // SAFETY: the operands as this function's contract gives them.
+    unsafe {
+        gemm::gemm(
+            m,
+            nj,
+            k,
+            dst.add(j0),
+            1,
+            n as isize,
+            false,
+            a,
+            1,
+            k as isize,
+            w.add(j0 * k),
+            k as isize,
+            1,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
 }
 
 /// `dst [m, n] = a [m, k] @ w [n, k]^T`, the columns split into two halves, each half a
@@ -431,7 +443,7 @@ fn decode_step() {
     let weights: Vec<Vec<f32>> = shapes.iter().map(|&(n, k)| rnd(n * k)).collect();
     let bytes: usize = shapes.iter().map(|&(n, k)| n * k * 4).sum();
     // The same step from GGUF blocks (Q4_1 linears, Q8_0 head, as the default model's file):
-    // random blocks, dequantised per tile ([`rlft_model::quant::QuantWeight::matmul_wt`]).
+    // random blocks, dequantised per tile ([`rlft_kernels::quant::QuantWeight::matmul_wt`]).
     let mut byte = 7u32;
     let quant: Vec<QuantWeight> = shapes
         .iter()
@@ -461,7 +473,7 @@ fn decode_step() {
                 200
             };
             // From a pool worker, as generation runs (no hand-over from the main thread).
-            let t = rlft_model::runtime::on_pool(|| {
+            let t = rlft_kernels::pool::on_pool(|| {
                 time(
                     || {
                         for _ in 0..calls {
@@ -472,11 +484,11 @@ fn decode_step() {
                 )
             }) / calls as f64;
             let wf = &weights[idx];
-            let tf = rlft_model::runtime::on_pool(|| {
+            let tf = rlft_kernels::pool::on_pool(|| {
                 time(
                     || {
                         for _ in 0..calls {
-                            rlft_model::kernels::matmul_wt(&x, m, k, wf, n, None, &mut out);
+                            rlft_kernels::stream::matmul_wt(&x, m, k, wf, n, None, &mut out);
                         }
                     },
                     5,
@@ -505,7 +517,7 @@ fn decode_step() {
         let nl = quant.len() - 1;
         let (mut tl, mut th) = (Vec::new(), Vec::new());
         for _ in 0..25 {
-            tl.push(rlft_model::runtime::on_pool(|| {
+            tl.push(rlft_kernels::pool::on_pool(|| {
                 time(
                     || {
                         quant[..nl]
@@ -515,7 +527,7 @@ fn decode_step() {
                     1,
                 )
             }));
-            th.push(rlft_model::runtime::on_pool(|| {
+            th.push(rlft_kernels::pool::on_pool(|| {
                 time(|| quant[nl].matmul_wt(&x, m, &mut out), 1)
             }));
         }
@@ -545,16 +557,16 @@ fn decode_step() {
             tf.push(time(
                 || {
                     for (&(n, k), w) in shapes.iter().zip(&weights) {
-                        rlft_model::kernels::matmul_wt(&x, m, k, w, n, None, &mut out);
+                        rlft_kernels::stream::matmul_wt(&x, m, k, w, n, None, &mut out);
                     }
                 },
                 1,
             ));
-            tp.push(rlft_model::runtime::on_pool(|| {
+            tp.push(rlft_kernels::pool::on_pool(|| {
                 time(
                     || {
                         for (&(n, k), w) in shapes.iter().zip(&weights) {
-                            rlft_model::kernels::matmul_wt(&x, m, k, w, n, None, &mut out);
+                            rlft_kernels::stream::matmul_wt(&x, m, k, w, n, None, &mut out);
                         }
                     },
                     1,

@@ -4,7 +4,9 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
-use super::{contiguous_slice, dispatch, dot, simd, tensor, with_slice, Real};
+use super::{contiguous_slice, dispatch, tensor, with_slice};
+use crate::math::{dot, Real};
+use crate::simd;
 
 /// Rows per rayon task.
 const ROWS_PER_TASK: usize = 16;

@@ -1,5 +1,5 @@
 //! The LM head + log-softmax + gather of the training loss, fused
-//! ([`rlft_model::fused::head::lm_head_logprobs`]) against the composite of
+//! ([`rlft_kernels::fused::head::lm_head_logprobs`]) against the composite of
 //! `CausalLm::target_logprobs_entropy` (chunks of 256 rows, candle ops), f32 on the CPU.
 //!
 //! `cargo run --release -p rlft-model --example head_bench [-- [fused|composite|both]
@@ -16,8 +16,9 @@
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor, Var, D};
-use rlft_model::fused::head::lm_head_logprobs;
-use rlft_model::ops;
+use rlft_kernels::fused::constant;
+use rlft_kernels::fused::head::lm_head_logprobs;
+use rlft_kernels::stream::matmul_wt_small;
 
 const HIDDEN: usize = 576;
 const VOCAB: usize = 49152;
@@ -65,10 +66,16 @@ fn composite(
     while start < n {
         let len = CHUNK.min(n - start);
         let x = hidden.narrow(0, start, len)?;
-        let logits = match ops::inference_small_matmul(&x, w, None).map_err(to_candle)? {
+        // As `rlft_model::ops::inference_small_matmul`: the streaming kernel without a graph.
+        let small = if x.track_op() || w.track_op() {
+            None
+        } else {
+            matmul_wt_small(&x, w, None)?
+        };
+        let logits = match small {
             Some(y) => y,
-            None if x.track_op() && !w.track_op() && ops::frozen_ops_enabled() => {
-                ops::frozen_linear(&x.contiguous()?, w, None).map_err(to_candle)?
+            None if x.track_op() && !w.track_op() && constant::frozen_ops_enabled() => {
+                constant::frozen_linear(&x.contiguous()?, w, None)?
             }
             None => x.matmul(&w.t()?)?,
         };
@@ -90,16 +97,12 @@ fn composite(
     Ok((Tensor::cat(&parts, 0)?, ent))
 }
 
-fn to_candle(e: rlft_model::ModelError) -> candle_core::Error {
-    candle_core::Error::Msg(e.to_string())
-}
-
 /// As the `rlft` binary: buffers of 1 KiB and more start on a cache line.
 #[global_allocator]
-static ALLOC: rlft_model::alloc::CacheLineAlloc = rlft_model::alloc::CacheLineAlloc;
+static ALLOC: rlft_kernels::alloc::CacheLineAlloc = rlft_kernels::alloc::CacheLineAlloc;
 
 fn main() -> candle_core::Result<()> {
-    rlft_model::runtime::tune();
+    rlft_kernels::runtime::tune();
     let mut args = std::env::args().skip(1);
     let (mut which, mut rows, mut reps, mut case) = ("both".to_string(), 512, 5, "all".to_string());
     while let Some(a) = args.next() {

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 /// As the `rlft` binary: buffers of 1 KiB and more start on a cache line.
 #[global_allocator]
-static ALLOC: rlft_model::alloc::CacheLineAlloc = rlft_model::alloc::CacheLineAlloc;
+static ALLOC: rlft_kernels::alloc::CacheLineAlloc = rlft_kernels::alloc::CacheLineAlloc;
 
 fn main() {
     let a: Vec<usize> = std::env::args()
@@ -75,7 +75,7 @@ fn main() {
             let mut best = f64::INFINITY;
             for _ in 0..reps {
                 let t = Instant::now();
-                rlft_model::kernels::matmul_wt(x, m, k, w, n, None, &mut out);
+                rlft_kernels::stream::matmul_wt(x, m, k, w, n, None, &mut out);
                 best = best.min(t.elapsed().as_secs_f64());
             }
             best

@@ -1,4 +1,4 @@
-//! Micro-benchmark of the fused training kernels ([`rlft_model::fused`]) against candle's
+//! Micro-benchmark of the fused training kernels ([`rlft_kernels::fused`]) against candle's
 //! composites, forward + backward, on the shapes of one SmolLM2-135M layer at batch 8 x 127
 //! (f32, CPU). The LM head has its own benchmark (`examples/head_bench.rs`).
 //!
@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use candle_core::{Device, Tensor, Var, D};
-use rlft_model::fused;
+use rlft_kernels::fused;
 
 const B: usize = 8;
 const T: usize = 127;
@@ -78,10 +78,10 @@ fn row(
 
 /// As the `rlft` binary: buffers of 1 KiB and more start on a cache line.
 #[global_allocator]
-static ALLOC: rlft_model::alloc::CacheLineAlloc = rlft_model::alloc::CacheLineAlloc;
+static ALLOC: rlft_kernels::alloc::CacheLineAlloc = rlft_kernels::alloc::CacheLineAlloc;
 
 fn main() -> Res<()> {
-    rlft_model::runtime::tune();
+    rlft_kernels::runtime::tune();
     let mut reps = 11;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -155,7 +155,7 @@ fn main() -> Res<()> {
     let q = Var::from_tensor(&rand(&[B, HEADS, T, HEAD_DIM], 7)?)?;
     let k = Var::from_tensor(&rand(&[B, KV_HEADS, T, HEAD_DIM], 8)?)?;
     let v = Var::from_tensor(&rand(&[B, KV_HEADS, T, HEAD_DIM], 9)?)?;
-    let bias = rlft_model::ops::causal_bias(&[0; B], 0, T, &Device::Cpu)?;
+    let bias = rlft_kernels::fused::attention::causal_bias(&[0; B], 0, T, &Device::Cpu)?;
     let scale = 1.0 / (HEAD_DIM as f64).sqrt();
     row(
         "attention (GQA 9/3 heads)",
@@ -207,7 +207,10 @@ fn main() -> Res<()> {
         &|| Ok(fused::linear::linear(xin.as_tensor(), &wg, None)?),
         &|| {
             let x2 = xin.as_tensor().reshape((rows, HIDDEN))?;
-            Ok(rlft_model::ops::frozen_linear(&x2, &wg, None)?.reshape((B, T, INTER))?)
+            Ok(
+                rlft_kernels::fused::constant::frozen_linear(&x2, &wg, None)?
+                    .reshape((B, T, INTER))?,
+            )
         },
     )?;
     let a = Var::from_tensor(&(rand(&[RANK, HIDDEN], 12)? * 0.05)?)?;
@@ -228,7 +231,7 @@ fn main() -> Res<()> {
         },
         &|| {
             let x2 = xin.as_tensor().reshape((rows, HIDDEN))?;
-            let base = rlft_model::ops::frozen_linear(&x2, &wg, None)?;
+            let base = rlft_kernels::fused::constant::frozen_linear(&x2, &wg, None)?;
             let delta = (x2
                 .matmul(&a.as_tensor().t()?)?
                 .matmul(&bm.as_tensor().t()?)?

@@ -27,25 +27,28 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
-use super::{contiguous_slice, dispatch, gemm, max, simd, tensor, with_slice, Real, LANES};
+use super::{contiguous_slice, dispatch, tensor, with_slice};
+use crate::gemm::gemm;
+use crate::math::{max, Real, LANES};
+use crate::simd;
 
 /// Elements of one forward logits block `[rows, vocab]` (f32: 32 MiB; 170 rows of SmolLM2's
-/// 49152-token vocabulary). Measured on 2 cores at `n = 512, V = 49152`: blocks of 128 to 512
-/// rows run the forward alike, 64 rows 20-30% slower (the gemms get too thin).
+/// 49152-token vocabulary). Blocks of 128 to 512 rows run the forward alike; much thinner
+/// blocks make thin, slower gemms.
 const FWD_TILE: usize = 1 << 23;
 /// The fewest rows per forward block, whatever the vocabulary.
 const FWD_MIN_ROWS: usize = 32;
 /// Rows per backward chunk: `dweight` is read and written once per chunk.
 const BWD_ROWS: usize = 1024;
 /// Elements of one backward logits tile `[rows, vocab tile]` (f32: 8 MiB). Tiles of 1M to 4M
-/// elements measured alike.
+/// elements run alike.
 const BWD_TILE: usize = 1 << 21;
 
 /// The most elements of `[n, V]` probabilities a trainable head's forward keeps for its
 /// backward (f32: 128 MiB); above it the backward recomputes the logits. Keeping them saves
-/// the backward's logits gemm (`2 n V h` FLOPs: 0.2-0.3 s of a SmolLM2 training step on 2
-/// cores) for that much memory, held from the head's forward to its backward (the first op
-/// of the backward pass). `RLFT_HEAD_KEEP=0` turns the keeping off (A/B).
+/// the backward's logits gemm (`2 n V h` FLOPs; docs/kernels.md has the gain) for that much
+/// memory, held from the head's forward to its backward (the first op
+/// of the backward pass).
 pub const KEEP_PROBS: usize = 1 << 25;
 
 /// Block sizes of the forward and backward passes (tests shrink them to cover every edge).
@@ -67,7 +70,7 @@ impl Blocks {
     /// Rows per forward block for `n` rows and a vocabulary of `v`.
     ///
     /// The rows are split evenly: `n = 512` runs as 4 x 128, not 170 + 170 + 170 + 2 (a
-    /// 2-row block streams the whole head for almost no work: 12-25 ms measured).
+    /// 2-row block streams the whole head for almost no work).
     fn fwd_rows(&self, n: usize, v: usize) -> usize {
         let most = (self.fwd_tile / v.max(1)).max(self.fwd_min_rows).max(1);
         let blocks = n.div_ceil(most).max(1);
@@ -97,20 +100,7 @@ pub fn lm_head_logprobs(
     targets: &Tensor,
     entropy: bool,
 ) -> candle_core::Result<(Tensor, Option<Tensor>)> {
-    static KEEP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    // `RLFT_HEAD_KEEP=0`: always recompute (A/B).
-    let keep_probs = *KEEP.get_or_init(|| {
-        if crate::runtime::switched_off("RLFT_HEAD_KEEP") {
-            0
-        } else {
-            KEEP_PROBS
-        }
-    });
-    let blocks = Blocks {
-        keep_probs,
-        ..DEFAULT_BLOCKS
-    };
-    lm_head_logprobs_with(hidden, weight, targets, entropy, blocks)
+    lm_head_logprobs_with(hidden, weight, targets, entropy, DEFAULT_BLOCKS)
 }
 
 fn lm_head_logprobs_with(
@@ -267,8 +257,8 @@ fn row_stats_inner<T: Real>(row: &mut [T], target: usize, normalize: bool) -> (T
 ///
 /// Two passes over the chunk (it stays in L1): a plain map `x -> e` (which the loop vectoriser
 /// turns into vector code, the exp included), then the two sums in [`LANES`] partial lanes. One
-/// fused loop with the exp inside the lanes does not vectorise (6-7 ns an element against under
-/// 1 measured).
+/// fused loop with the exp inside the lanes does not vectorise (several times slower per
+/// element).
 #[inline(always)]
 fn exp_sums<T: Real, const WRITE: bool>(c: &mut [T], mx: T) -> (T, T) {
     const L: usize = LANES;

@@ -5,30 +5,30 @@
 //! its weights as f32 for training, but as long as a weight is frozen and untouched it still
 //! equals the dequantised blocks it came from, which are 5 (Q4_1) or 8.5 (Q8_0) bits per
 //! weight. [`QuantWeight`] keeps those blocks beside the f32 tensor and remembers which tensor
-//! it mirrors ([`QuantWeight::mirrors`]): the fused decode path ([`crate::decode_fast`]) uses
-//! it only while the layer still holds that very tensor and it is not a trainable `Var`
-//! (training, merging adapters or loading a checkpoint replace the tensor, and the blocks are
-//! then ignored). Blocks are dequantised with the formulas of the loader (same f32 operations,
-//! so the weights are bit-identical to the f32 tensor) into a small scratch tile, and the f32
-//! streaming kernel runs on it: results differ from the f32 path only in summation order.
-
-use std::collections::HashMap;
-use std::sync::Arc;
+//! it mirrors ([`QuantWeight::mirrors`]): the model's fused decode path uses it only while the
+//! layer still holds that very tensor and it is not a trainable `Var` (training, merging
+//! adapters or loading a checkpoint replace the tensor, and the blocks are then ignored).
+//!
+//! With AVX2 + FMA the blocks are unpacked in registers and multiplied there (`avx2`, and
+//! its AVX-512 twin `avx512`); other CPUs dequantise a small tile of weight rows at a time
+//! into a scratch and run the f32 streaming kernel ([`crate::stream`]) on it. Both use the
+//! loader's formulas (same f32 operations, so the weights are bit-identical to the f32 tensor):
+//! results differ from the f32 path only in summation order.
 
 use candle_core::{Tensor, TensorId};
 use rayon::prelude::*;
 use rlft_gguf::GgmlType;
 
-use crate::decoder::CausalLm;
-use crate::kernels::{by_column_blocks, dot_block_into, SendPtr, TILE_COLS};
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod groups;
 
-fn blocks_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !crate::runtime::switched_off("RLFT_DECODE_BLOCKS"))
-}
+pub use groups::BLOCK;
 
-/// Weights per block (Q4_1 and Q8_0).
-pub const BLOCK: usize = 32;
+use crate::stream::tiles::TILE_COLS;
+use crate::stream::{by_column_blocks, dot_block_into, SendPtr};
 
 /// The blocks of a `[rows, cols]` matrix, row-major, `cols / 32` blocks per row; scales and
 /// mins are stored as f32 (exact conversions of the file's f16 values).
@@ -171,13 +171,9 @@ impl QuantWeight {
     }
 
     /// Whether these blocks still describe `w`: `w` is the tensor they were bound to and not a
-    /// trainable `Var` (an optimizer may update a `Var` in place). `RLFT_DECODE_BLOCKS=0`
-    /// makes this false everywhere (decode from f32, for A/B checks).
+    /// trainable `Var` (an optimizer may update a `Var` in place).
     pub fn mirrors(&self, w: &Tensor) -> bool {
-        blocks_enabled()
-            && self.source == Some(w.id())
-            && !w.is_variable()
-            && w.dims() == [self.rows, self.cols]
+        self.source == Some(w.id()) && !w.is_variable() && w.dims() == [self.rows, self.cols]
     }
 
     /// Dequantises rows `r0..r0 + n` into `out [n, cols]`, with the loader's formulas.
@@ -218,6 +214,10 @@ impl QuantWeight {
         }
     }
 
+    /// [`Self::dequant_portable`] with AVX2: 8 weights a vector.
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn dequant_avx2(&self, b0: usize, b1: usize, out: &mut [f32]) {
@@ -228,7 +228,9 @@ impl QuantWeight {
                 let low = _mm_set1_epi8(0x0F);
                 for (y, b) in blocks {
                     let (dv, mv) = (_mm256_set1_ps(d[b]), _mm256_set1_ps(m[b]));
-                    let raw = _mm_loadu_si128(qs.as_ptr().add(b * 16) as *const __m128i);
+                    // SAFETY: `d[b]` was bounds-checked just above and `qs` holds 16 bytes for
+                    // every block of `d`.
+                    let raw = unsafe { _mm_loadu_si128(qs.as_ptr().add(b * 16) as *const __m128i) };
                     let lo = _mm_and_si128(raw, low);
                     let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
                     // Multiply then add, as the loader does (no FMA): bit-identical weights.
@@ -236,7 +238,8 @@ impl QuantWeight {
                         ($bytes:expr, $at:expr) => {{
                             let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32($bytes));
                             let v = _mm256_add_ps(_mm256_mul_ps(q, dv), mv);
-                            _mm256_storeu_ps(y.as_mut_ptr().add($at), v);
+                            // SAFETY: `y` is a block of 32 values and `$at + 8 <= 32`.
+                            unsafe { _mm256_storeu_ps(y.as_mut_ptr().add($at), v) };
                         }};
                     }
                     put!(lo, 0);
@@ -248,11 +251,15 @@ impl QuantWeight {
             Blocks::Q8_0 { d, qs } => {
                 for (y, b) in blocks {
                     let dv = _mm256_set1_ps(d[b]);
-                    let p = qs.as_ptr().add(b * BLOCK);
+                    let q8 = &qs[b * BLOCK..(b + 1) * BLOCK];
                     for at in (0..BLOCK).step_by(8) {
-                        let bytes = _mm_loadl_epi64(p.add(at) as *const __m128i);
-                        let q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-                        _mm256_storeu_ps(y.as_mut_ptr().add(at), _mm256_mul_ps(q, dv));
+                        // SAFETY: 8 bytes at `at + 8 <= 32` of the block's 32, and 8 f32 of
+                        // the output block's 32.
+                        unsafe {
+                            let bytes = _mm_loadl_epi64(q8.as_ptr().add(at) as *const __m128i);
+                            let q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+                            _mm256_storeu_ps(y.as_mut_ptr().add(at), _mm256_mul_ps(q, dv));
+                        }
                     }
                 }
             }
@@ -261,14 +268,14 @@ impl QuantWeight {
 
     /// `out [m, rows] = x [m, cols] @ W^T` for few rows of `x` (decoding), parallel over
     /// output columns. With AVX2 + FMA the blocks are unpacked in registers and multiplied
-    /// there (`quant_dot`); otherwise each tile of weight rows is dequantised into an L1-sized
-    /// scratch and multiplied by [`crate::kernels`]' streaming kernel.
+    /// there; otherwise each tile of weight rows is dequantised into an L1-sized scratch and
+    /// multiplied by the streaming kernel ([`crate::stream`]).
     pub fn matmul_wt(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let (n, k) = (self.rows, self.cols);
         debug_assert!(x.len() >= m * k && out.len() >= m * n);
         #[cfg(target_arch = "x86_64")]
         {
-            if crate::quant_dot::available() && fused_dot_enabled() {
+            if crate::simd::avx2_fma() {
                 // Tasks write their columns of `out` directly (no transposed copy to undo on
                 // the calling thread: 393K values per decode step for a 49K-token head).
                 return Self::matmul_wt_many(&[self], x, m, &mut [out]);
@@ -292,15 +299,12 @@ impl QuantWeight {
         #[cfg(target_arch = "x86_64")]
         {
             let k = ws.first().map_or(0, |w| w.cols);
-            if crate::quant_dot::available()
-                && fused_dot_enabled()
-                && ws.iter().all(|w| w.cols == k)
-            {
+            if crate::simd::avx2_fma() && ws.iter().all(|w| w.cols == k) {
                 let nb = k / BLOCK;
                 let threads = rayon::current_num_threads().max(1);
                 let total: usize = ws.iter().map(|w| w.rows).sum();
                 // About 8 tasks per thread over all rows, in multiples of 16 columns so no two
-                // tasks share a cache line of an output row (as `kernels::cols_per_task`).
+                // tasks share a cache line of an output row (as `stream::cols_per_task`).
                 let per = total.div_ceil(threads * 8).div_ceil(16).clamp(1, 16) * 16;
                 let mut tasks = Vec::new();
                 for (wi, w) in ws.iter().enumerate() {
@@ -309,17 +313,17 @@ impl QuantWeight {
                     }
                 }
                 let dst: Vec<SendPtr> = outs.iter_mut().map(|o| SendPtr(o.as_mut_ptr())).collect();
-                let xp = crate::quant_dot::pack_rows(x, m, k);
+                let xp = groups::pack_rows(x, m, k);
                 tasks.par_iter().for_each(|&(wi, j0, cols)| {
                     let w = ws[wi];
                     let (b0, b1) = (j0 * nb, (j0 + cols) * nb);
                     let layout = match &w.blocks {
-                        Blocks::Q4_1 { d, m, qs } => crate::quant_dot::Layout::Q4_1 {
+                        Blocks::Q4_1 { d, m, qs } => groups::Layout::Q4_1 {
                             d: &d[b0..b1],
                             m: &m[b0..b1],
                             qs: &qs[b0 * 16..b1 * 16],
                         },
-                        Blocks::Q8_0 { d, qs } => crate::quant_dot::Layout::Q8_0 {
+                        Blocks::Q8_0 { d, qs } => groups::Layout::Q8_0 {
                             d: &d[b0..b1],
                             qs: &qs[b0 * BLOCK..b1 * BLOCK],
                         },
@@ -328,14 +332,7 @@ impl QuantWeight {
                     // blocks of `cols` whole rows; `outs[wi]` holds `m * rows` values (asserted
                     // above) and tasks own disjoint columns `j0..j0 + cols` of it.
                     unsafe {
-                        crate::quant_dot::matmul_blocks(
-                            xp.as_slice(),
-                            m,
-                            k,
-                            layout,
-                            dst[wi].0.add(j0),
-                            w.rows,
-                        )
+                        matmul_blocks(xp.as_slice(), m, k, layout, dst[wi].0.add(j0), w.rows)
                     };
                 });
                 return;
@@ -364,79 +361,34 @@ impl QuantWeight {
     }
 }
 
-/// An output pointer shared by tasks that write disjoint elements.
-/// `RLFT_FUSED_DEQUANT=0` sends the block matmul through the scratch-tile path (A/B checks).
-fn fused_dot_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !crate::runtime::switched_off("RLFT_FUSED_DEQUANT"))
-}
-
-impl CausalLm {
-    /// Keeps the GGUF blocks of weights (HF names, `<module>.weight`) beside their f32 tensors
-    /// for the decode path, bound to the tensors the layers hold now ([`QuantWeight::bind`]).
-    /// Blocks whose shape does not match their weight, or that name no linear layer or the LM
-    /// head, are ignored. Returns how many were attached.
-    pub fn attach_quantized(&mut self, mut blocks: HashMap<String, QuantWeight>) -> usize {
-        let mut n = 0;
-        let mut fits = |q: QuantWeight, w: &Tensor| {
-            (w.dims() == [q.dims().0, q.dims().1]).then(|| {
-                n += 1;
-                Arc::new(q.bind(w))
-            })
-        };
-        let head = if self.lm_head.is_some() {
-            "lm_head.weight"
-        } else {
-            "model.embed_tokens.weight"
-        };
-        if let Some(q) = blocks.remove(head) {
-            let w = self.lm_head_weight().clone();
-            self.head_quant = fits(q, &w);
-        }
-        for (name, lin) in self.linears_mut() {
-            if let Some(q) = blocks.remove(&format!("{name}.weight")) {
-                lin.quant = fits(q, &lin.weight);
-            }
-        }
-        n
-    }
-
-    /// Drops the GGUF blocks that no longer mirror their weight (made trainable, merged,
-    /// replaced), freeing their memory.
-    pub fn drop_stale_quantized(&mut self) {
-        let head = self.lm_head_weight().clone();
-        if self.head_quant.as_ref().is_some_and(|q| !q.mirrors(&head)) {
-            self.head_quant = None;
-        }
-        for (_, lin) in self.linears_mut() {
-            if lin.quant.as_ref().is_some_and(|q| !q.mirrors(&lin.weight)) {
-                lin.quant = None;
-            }
-        }
-    }
-
-    /// Drops every GGUF block kept for decoding (for models that never decode: a trainer's
-    /// reference copy, SFT).
-    pub fn drop_quantized(&mut self) {
-        self.head_quant = None;
-        for (_, lin) in self.linears_mut() {
-            lin.quant = None;
-        }
-    }
-
-    /// Bytes held by GGUF blocks kept for decoding ([`Self::attach_quantized`]).
-    pub fn quantized_bytes(&self) -> usize {
-        let lin: usize = self
-            .linears()
-            .iter()
-            .filter_map(|(_, l)| l.quant.as_ref().map(|q| q.size_in_bytes()))
-            .sum();
-        lin + self.head_quant.as_ref().map_or(0, |q| q.size_in_bytes())
-    }
-}
-
 /// Weight rows dequantised at a time: two register tiles (27 KB of f32 at 576 columns).
 const DEQUANT_ROWS: usize = 2 * TILE_COLS;
+
+/// One task's block product: `out[r * ld + c] = dot(x_r, w_c)` for the weight rows in `w`,
+/// by the AVX-512 kernel where [`crate::simd::avx512`] says so, else the AVX2 one.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA ([`crate::simd::avx2_fma`]); the operands as
+/// [`avx2::matmul_blocks`] takes them.
+#[cfg(target_arch = "x86_64")]
+unsafe fn matmul_blocks(
+    x: &[f32],
+    m: usize,
+    k: usize,
+    w: groups::Layout,
+    out: *mut f32,
+    ld: usize,
+) {
+    if crate::simd::avx512() {
+        // SAFETY: the CPU has AVX-512F, AVX2 and FMA (checked by `avx512`); the operands are
+        // this function's contract.
+        unsafe { avx512::matmul_blocks(x, m, k, w, out, ld) }
+    } else {
+        // SAFETY: the CPU has AVX2 and FMA and the operands are as asked (this function's
+        // contract).
+        unsafe { avx2::matmul_blocks(x, m, k, w, out, ld) }
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -510,7 +462,7 @@ mod tests {
                     .map(|_| rng.random_range(-1f32..1.0))
                     .collect();
                 let mut want = vec![0f32; m * rows];
-                crate::kernels::matmul_wt(&x, m, cols, &w, rows, None, &mut want);
+                crate::stream::matmul_wt(&x, m, cols, &w, rows, None, &mut want);
                 let mut got = vec![0f32; m * rows];
                 q.matmul_wt(&x, m, &mut got);
                 let mut tiles = vec![0f32; m * rows];

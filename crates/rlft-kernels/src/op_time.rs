@@ -1,5 +1,5 @@
 //! Wall time per fused op, to see where a training step goes: `RLFT_OP_TIMES=1` turns it on
-//! (read once), [`span`] times one call of an op's forward or backward (or a phase of the
+//! ([`Tuning::op_times`](crate::tuning::Tuning::op_times)), [`span`] times one call of an op's forward or backward (or a phase of the
 //! decoder: prefill, decode step, its products, attention, LM head, sampling), [`take`]
 //! returns the totals gathered since the last call. `rlft bench fwd_bwd|lora|generate` prints
 //! them after the timed reps when it is on, `rlft bench grpo` after all its steps. What a step
@@ -29,13 +29,14 @@ pub struct Total {
     pub seconds: f64,
 }
 
-/// Whether `RLFT_OP_TIMES` turned the timing on.
+/// Whether the timing is on: [`Tuning::op_times`](crate::tuning::Tuning::op_times) (`RLFT_OP_TIMES`)
+/// unless [`set_enabled`] said otherwise.
 pub fn enabled() -> bool {
     match STATE.load(Ordering::Relaxed) {
         1 => false,
         2 => true,
         _ => {
-            let on = std::env::var("RLFT_OP_TIMES").is_ok_and(|v| !v.is_empty() && v != "0");
+            let on = crate::tuning::tuning().op_times;
             STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
             on
         }

@@ -4,7 +4,9 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
-use super::{contiguous_slice, dispatch, simd, tensor, with_slice, Real};
+use super::{contiguous_slice, dispatch, tensor, with_slice};
+use crate::math::Real;
+use crate::simd;
 
 /// Elements per rayon task.
 const PER_TASK: usize = 1 << 14;
@@ -39,8 +41,8 @@ fn fwd_chunk<T: Real>(y: &mut [T], g: &[T], u: &[T]) {
 }
 
 /// `g = silu(g) * u` in place, in AVX2 where the CPU has it: the decode path's SwiGLU, the same
-/// arithmetic as [`fwd_chunk`].
-pub(crate) fn silu_mul_in_place(g: &mut [f32], u: &[f32]) {
+/// arithmetic as `fwd_chunk`.
+pub fn silu_mul_in_place(g: &mut [f32], u: &[f32]) {
     simd!(g
         .iter_mut()
         .zip(u)

@@ -13,7 +13,9 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor
 use rayon::prelude::*;
 
 use super::low_rank::expand;
-use super::{contiguous_slice, dispatch, gemm, gemm_new, tensor, with_slice, Real};
+use super::{contiguous_slice, dispatch, tensor, with_slice};
+use crate::gemm::{gemm, gemm_new};
+use crate::math::Real;
 
 /// `x [.., k] @ w [n, k]^T (+ bias [n]) -> [.., n]` (CPU f32/f64; leading dims are rows, so no
 /// reshape node is needed around the product). `bias` is a constant (frozen);
@@ -189,8 +191,8 @@ struct LoraLinear {
 }
 
 /// `out [m, r] = x [m, k] @ a [r, k]^T` for a LoRA factor `a` (`r` = the rank): the row-block
-/// kernel ([`crate::kernels::matmul_wt_rows`]) for f32, which reads `x` once and packs nothing
-/// (2.5-3x gemm's speed on `x @ A^T`, `examples/matmul_bench.rs`); gemm for f64.
+/// kernel ([`crate::stream::matmul_wt_rows`]) for f32, which reads `x` once and packs nothing
+/// (faster than gemm on `x @ A^T`, `examples/matmul_bench.rs`); gemm for f64.
 fn narrow_wt<T: Real>(m: usize, r: usize, k: usize, out: &mut [T], x: &[T], a: &[T]) {
     if T::DTYPE == DType::F32 {
         // SAFETY: T is f32 (checked), so the slices are reinterpreted as their own type.
@@ -201,7 +203,7 @@ fn narrow_wt<T: Real>(m: usize, r: usize, k: usize, out: &mut [T], x: &[T], a: &
                 std::slice::from_raw_parts(a.as_ptr() as *const f32, a.len()),
             )
         };
-        crate::kernels::matmul_wt_rows(xs, m, k, as_, r, o);
+        crate::stream::matmul_wt_rows(xs, m, k, as_, r, o);
     } else {
         gemm(m, r, k, out, x, false, a, true, false);
     }

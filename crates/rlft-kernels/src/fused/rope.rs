@@ -7,7 +7,8 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
-use super::{dispatch, tensor, with_slice, Real};
+use super::{dispatch, tensor, with_slice};
+use crate::math::Real;
 
 /// Applies rotary embeddings: `x [b, h, t, d]` (any strides with a unit last stride, e.g. the
 /// transposed view of a projection's `[b, t, h, d]` output), `cos`, `sin` `[b, t, d/2]` (the

@@ -1,57 +1,29 @@
-//! Process-wide CPU runtime settings: call [`tune`] once, first thing in `main`.
-//!
-//! - The allocator ([`crate::alloc::tune_malloc`]).
-//! - candle's elementwise thread pool. candle 0.11 runs large elementwise ops on its own pool of
-//!   `threads - 1` workers, separate from rayon's (which gemm and the fused kernels use). Its
-//!   workers spin 25,000 rounds before parking after every op, and the caller spins until they
-//!   finish: with as many cores as rayon threads, the spinning threads take the cores the next
-//!   gemm needs (on 2 cores, 7-14% of a training step's CPU time went to those spins). A short
-//!   spin ([`BARRIER_SPIN`]) keeps the pool's parallelism and parks idle workers at once.
-//!   An explicit `CANDLE_BARRIER_POOL_SPIN_LIMIT` or `CANDLE_NUM_THREADS` is left as it is.
-//!
-//! Generation, the no-grad log-prob passes and each training step run through [`on_pool`]: on
-//! a rayon worker, with the pool's other workers spinning between loops instead of parking.
+//! The thread pool's part in a step: [`on_pool`] runs generation, the no-grad log-prob passes
+//! and each training step on a rayon worker, with the pool's other workers spinning between
+//! parallel loops instead of parking (unless [`Tuning::spin`](crate::tuning::Tuning::spin) is
+//! off).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Spin rounds of candle's pool workers before they park.
-pub const BARRIER_SPIN: u32 = 200;
-
-/// Applies every setting; `RLFT_RUNTIME_TUNE=0` leaves the process as it is (for A/B checks).
-/// Must run before any tensor op (candle reads its settings once, at its first parallel op).
-pub fn tune() {
-    if switched_off("RLFT_RUNTIME_TUNE") {
-        return;
-    }
-    crate::alloc::tune_malloc();
-    let set = |k: &str| std::env::var_os(k).is_some();
-    if !set("CANDLE_BARRIER_POOL_SPIN_LIMIT") && !set("CANDLE_NUM_THREADS") {
-        // Called at the start of `main`, before other threads exist.
-        std::env::set_var("CANDLE_BARRIER_POOL_SPIN_LIMIT", BARRIER_SPIN.to_string());
-    }
-}
 
 /// Runs `f` on a worker thread of rayon's global pool (the caller blocks until it returns), so
 /// that the parallel loops inside it start from a worker: the worker runs its share of each
 /// loop itself and never sleeps on a lock waiting for the others. From a thread outside the
 /// pool every parallel loop puts the caller to sleep and wakes it again; a decode step runs
 /// some 250 short parallel loops (each product, the attention), so generation runs here
-/// (measured in `docs/kernels.md`). `RLFT_ON_POOL=0` runs `f` on the calling thread (A/B); so
-/// does a call from inside the pool.
+/// (measured in `docs/kernels.md`). A call from inside the pool runs `f` where it is.
 ///
 /// While `f` runs, the pool's other workers do not park between loops: each runs
-/// [`keep_awake`] (the jobs of the pool as they come, spinning in between) until `f` returns,
+/// `keep_awake` (the jobs of the pool as they come, spinning in between) until `f` returns,
 /// as OpenMP's threads spin for a "block time" after a parallel region. A parked worker has
 /// to be woken (a futex call, an interrupt to a halted CPU), and on a virtual machine the
-/// host gives an idle CPU away: `rlft bench generate` ran 11% faster with the spinning, the
-/// host's steal on the run 0-3% against 1-11% (docs/kernels.md). One call spins at a time
-/// (two whose spinners each waited on the other's `f` would never finish); a concurrent call
-/// runs without. `RLFT_SPIN=0` turns the spinning off.
+/// host gives an idle CPU away, which the spinning avoids (docs/kernels.md). One call spins at
+/// a time (two whose spinners each waited on the other's `f` would never finish); a concurrent
+/// call runs without. `RLFT_SPIN=0` turns the spinning off ([`crate::tuning::Tuning::spin`]).
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if switched_off("RLFT_ON_POOL") || rayon::current_thread_index().is_some() {
+    if rayon::current_thread_index().is_some() {
         return f();
     }
-    let session = if switched_off("RLFT_SPIN") || rayon::current_num_threads() < 2 {
+    let session = if !crate::tuning::tuning().spin || rayon::current_num_threads() < 2 {
         None
     } else {
         SpinSession::take()
@@ -141,12 +113,6 @@ fn keep_awake(stop: &AtomicBool) {
 /// Empty rounds of [`keep_awake`] between two `sched_yield`s.
 const YIELD_EVERY: u32 = 64;
 
-/// Whether the environment variable `var` is set to `0`: how every `RLFT_*` A/B switch of
-/// this crate turns its setting off.
-pub(crate) fn switched_off(var: &str) -> bool {
-    std::env::var(var).is_ok_and(|v| v == "0")
-}
-
 #[cfg(test)]
 mod tests {
     /// `on_pool` runs its closure on a pool worker (inline when already on one) and hands back
@@ -159,12 +125,8 @@ mod tests {
             let sum: u64 = (0..1000u64).into_par_iter().sum();
             (rayon::current_thread_index(), nested, sum)
         });
-        if super::switched_off("RLFT_ON_POOL") {
-            assert_eq!(inside, None);
-        } else {
-            assert!(inside.is_some());
-            assert_eq!(nested, inside, "a nested call stays on its worker");
-        }
+        assert!(inside.is_some());
+        assert_eq!(nested, inside, "a nested call stays on its worker");
         assert_eq!(sum, 499_500);
     }
 

@@ -4,24 +4,23 @@
 //! A training step allocates and frees hundreds of activation and gradient buffers of a few
 //! MiB each. glibc's malloc serves blocks above its mmap threshold (128 KiB at first, adapting
 //! up to 32 MiB) with fresh `mmap`s and returns freed heap tops to the OS, so every step pays
-//! page faults to zero-fill the same memory again (about 2 s per forward+backward of
-//! SmolLM2-135M at batch 8 x 128 on 2 cores). [`tune_malloc`] raises the mmap threshold to its
+//! page faults to zero-fill the same memory again (seconds per forward+backward of
+//! SmolLM2-135M on 2 cores; docs/kernels.md). [`tune_malloc`] raises the mmap threshold to its
 //! maximum and stops trimming, so freed buffers are reused from the heap. Peak RSS is unchanged
 //! (the buffers are live at the peak anyway); memory is kept until the process exits.
 //!
 //! It also keeps every thread on the one (main) arena. By default glibc gives each thread that
 //! allocates its own arena, and a buffer freed into one arena is never reused by another: with
-//! generation on a pool worker ([`crate::runtime::on_pool`]) and training on the main thread, a
-//! GRPO run held both phases' buffers at once (LoRA GRPO on the default model: 1461-1538 MiB
-//! peak RSS against 1271 MiB with one arena, `scripts/plan-check.sh grpo-lora`). Small
-//! allocations still come from each thread's cache, and the kernels allocate few large
-//! buffers: `rlft bench generate lora` interleaved with and without showed no slowdown.
-//! `MALLOC_ARENA_MAX` in the environment wins.
+//! generation on a pool worker ([`crate::pool::on_pool`]) and training on the main thread, a
+//! GRPO run held both phases' buffers at once (docs/memory.md). Small allocations still come
+//! from each thread's cache, and the kernels allocate few large buffers, so one arena costs
+//! no measurable time. `MALLOC_ARENA_MAX` in the environment wins.
 
 /// Applies the settings (glibc on Linux; elsewhere a no-op). Call once, early in `main`.
-/// `RLFT_MALLOC_TUNE=0` leaves the allocator alone.
+/// `RLFT_MALLOC_TUNE=0` leaves the allocator alone
+/// ([`Tuning::malloc_tune`](crate::tuning::Tuning::malloc_tune)).
 pub fn tune_malloc() {
-    if crate::runtime::switched_off("RLFT_MALLOC_TUNE") {
+    if !crate::tuning::tuning().malloc_tune {
         return;
     }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -56,22 +55,19 @@ pub const CACHE_LINE_FROM: usize = 1024;
 ///
 /// Why: the matrix kernels load 16 f32 at a time. glibc's malloc returns 16-byte aligned
 /// blocks, so most rows of a weight or activation start mid-line, and a 64-byte load that
-/// straddles two lines costs two. For the streaming kernel (`kernels::matmul_wt`, one thread,
-/// `examples/tile_probe`, `ALIGN=` places the operands) 176 x 576 x 576 ran at 105 GFLOP/s with
-/// both operands 16 bytes off a line against 137 aligned, and 8 x 576 x 576 (a decode step's
-/// product) at 104 against 116. Rows of the model's widths (576, 1536 and 192 f32) are whole
-/// lines, so an aligned start keeps every row aligned.
+/// straddles two lines costs two: the streaming kernel runs measurably slower on operands off a
+/// line (`ALIGN=16 examples/tile_probe`, docs/kernels.md). Rows of the model's widths (576,
+/// 1536 and 192 f32) are whole lines, so an aligned start keeps every row aligned.
 ///
 /// How: a large block is taken from `malloc`/`calloc`/`realloc` with [`PAD`] bytes more, the
 /// returned address is the first cache line boundary at least 8 bytes in, and the word before
 /// it holds the block's own address for `free`. Asking the system for 64-byte alignment
 /// instead (`posix_memalign`) made training slower and larger: zeroed buffers lost `calloc`'s
 /// fresh pages (Rust zeroes an over-aligned block with `memset`), and the split-off remainders
-/// fragmented the heap (`rlft bench fwd_bwd` peak RSS 2457 -> 2806-2900 MiB, `grpo` 3.3-4.1 ->
-/// 4.2-4.7 s).
+/// fragmented the heap (higher peak RSS in `rlft bench fwd_bwd`, slower `grpo` steps).
 ///
 /// The `rlft` binary declares it; a program using the library can do the same:
-/// `#[global_allocator] static ALLOC: rlft_model::alloc::CacheLineAlloc = CacheLineAlloc;`.
+/// `#[global_allocator] static A: rlft_kernels::alloc::CacheLineAlloc = CacheLineAlloc;`.
 /// Without it every kernel still computes the same values, only slower.
 pub struct CacheLineAlloc;
 
@@ -101,7 +97,9 @@ impl CacheLineAlloc {
             return raw;
         }
         let p = Self::line_in(raw);
-        p.cast::<*mut u8>().sub(1).write_unaligned(raw);
+        // SAFETY: `p` is at least 8 bytes into the live block at `raw` (`line_in`), so the
+        // 8 bytes before it are inside the block; written unaligned, as they may be.
+        unsafe { p.cast::<*mut u8>().sub(1).write_unaligned(raw) };
         p
     }
 
@@ -115,7 +113,8 @@ impl CacheLineAlloc {
     /// `alloc_zeroed`): as asked when it is not padded, else `PAD` bytes more, placed.
     ///
     /// # Safety
-    /// `system` allocates with the system allocator (`GlobalAlloc::alloc`'s contract).
+    /// `system` returns null or a live block of the layout it is given (the system
+    /// allocator's `alloc` or `alloc_zeroed`, whose contracts the caller keeps).
     unsafe fn new_block(
         layout: std::alloc::Layout,
         system: impl FnOnce(std::alloc::Layout) -> *mut u8,
@@ -124,7 +123,8 @@ impl CacheLineAlloc {
             return system(layout);
         }
         match Self::raw_layout(layout.size()) {
-            Some(raw) => Self::place(system(raw)),
+            // SAFETY: `system` returned null or a live block of `size + PAD` bytes.
+            Some(raw) => unsafe { Self::place(system(raw)) },
             None => std::ptr::null_mut(),
         }
     }
@@ -134,7 +134,8 @@ impl CacheLineAlloc {
     /// # Safety
     /// `p` came from [`Self::place`].
     unsafe fn raw(p: *mut u8) -> *mut u8 {
-        p.cast::<*mut u8>().sub(1).read_unaligned()
+        // SAFETY: `place` stored the block's start in the 8 bytes before `p`, inside the block.
+        unsafe { p.cast::<*mut u8>().sub(1).read_unaligned() }
     }
 }
 
@@ -144,39 +145,58 @@ impl CacheLineAlloc {
 // 71 bytes in from the start) and the start stored in the 8 bytes before it; whether a block
 // is padded depends only on the caller's layout, which `dealloc` and `realloc` receive again.
 unsafe impl std::alloc::GlobalAlloc for CacheLineAlloc {
+    /// # Safety
+    /// `GlobalAlloc::alloc`'s contract.
     unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        Self::new_block(layout, |l| std::alloc::System.alloc(l))
+        // SAFETY: `layout` has a non-zero size (our caller's contract) and so has the padded
+        // layout `new_block` may ask for instead; `System.alloc` returns such a block or null.
+        unsafe { Self::new_block(layout, |l| std::alloc::System.alloc(l)) }
     }
 
+    /// # Safety
+    /// `GlobalAlloc::alloc_zeroed`'s contract.
     unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
         // `calloc` for padded blocks too: fresh pages from the system are not written again.
-        Self::new_block(layout, |l| std::alloc::System.alloc_zeroed(l))
+        // SAFETY: as `alloc`.
+        unsafe { Self::new_block(layout, |l| std::alloc::System.alloc_zeroed(l)) }
     }
 
+    /// # Safety
+    /// `GlobalAlloc::dealloc`'s contract.
     unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
         if !Self::padded(layout) {
-            return std::alloc::System.dealloc(ptr, layout);
+            // SAFETY: an unpadded block came from `System` with this very layout.
+            return unsafe { std::alloc::System.dealloc(ptr, layout) };
         }
         if let Some(raw) = Self::raw_layout(layout.size()) {
-            std::alloc::System.dealloc(Self::raw(ptr), raw);
+            // SAFETY: a padded block's start is stored before `ptr` (`place`), and `System`
+            // gave it with the layout `raw_layout` computes again from the same size.
+            unsafe { std::alloc::System.dealloc(Self::raw(ptr), raw) };
         }
     }
 
+    /// # Safety
+    /// `GlobalAlloc::realloc`'s contract.
     unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
         let Ok(new) = std::alloc::Layout::from_size_align(new_size, layout.align()) else {
             return std::ptr::null_mut();
         };
         match (Self::padded(layout), Self::padded(new)) {
-            (false, false) => std::alloc::System.realloc(ptr, layout, new_size),
+            // SAFETY: an unpadded block came from `System` with this layout; the caller keeps
+            // `realloc`'s contract for `new_size`.
+            (false, false) => unsafe { std::alloc::System.realloc(ptr, layout, new_size) },
             (true, true) => {
                 let (Some(old_raw), Some(_)) =
                     (Self::raw_layout(layout.size()), Self::raw_layout(new_size))
                 else {
                     return std::ptr::null_mut();
                 };
-                let raw = Self::raw(ptr);
+                // SAFETY: `ptr` is a padded block (its layout says so): its start is stored
+                // before it, and `System` gave that block with `old_raw`.
+                let raw = unsafe { Self::raw(ptr) };
                 let offset = ptr as usize - raw as usize;
-                let moved = std::alloc::System.realloc(raw, old_raw, new_size + PAD);
+                // SAFETY: as above; `new_size + PAD` does not overflow (`raw_layout` checked).
+                let moved = unsafe { std::alloc::System.realloc(raw, old_raw, new_size + PAD) };
                 if moved.is_null() {
                     return moved;
                 }
@@ -184,20 +204,31 @@ unsafe impl std::alloc::GlobalAlloc for CacheLineAlloc {
                 // at another offset. Move them there first, then write the header (which
                 // may lie inside the data's old place).
                 let p = Self::line_in(moved);
-                let from = moved.add(offset);
-                if from != p {
-                    std::ptr::copy(from, p, layout.size().min(new_size));
+                // SAFETY: `moved` holds `new_size + PAD` bytes; the data start `offset`
+                // (at most 71) bytes in and the line boundary `p` at most 71 bytes in, so
+                // both ranges of `min(old, new)` bytes lie inside it (`copy` allows overlap);
+                // `place` then writes the header before `p`, inside the block.
+                unsafe {
+                    let from = moved.add(offset);
+                    if from != p {
+                        std::ptr::copy(from, p, layout.size().min(new_size));
+                    }
+                    Self::place(moved)
                 }
-                Self::place(moved)
             }
             _ => {
                 // Across the 1 KiB line: a new block, then the bytes.
-                let to = self.alloc(new);
-                if !to.is_null() {
-                    std::ptr::copy_nonoverlapping(ptr, to, layout.size().min(new_size));
-                    self.dealloc(ptr, layout);
+                // SAFETY: `new` is a valid layout of non-zero size (`new_size`, the caller's
+                // contract); the old block is live with `layout`, the new one holds at least
+                // `min(old, new)` bytes and is another allocation, so they do not overlap.
+                unsafe {
+                    let to = self.alloc(new);
+                    if !to.is_null() {
+                        std::ptr::copy_nonoverlapping(ptr, to, layout.size().min(new_size));
+                        self.dealloc(ptr, layout);
+                    }
+                    to
                 }
-                to
             }
         }
     }

@@ -10,7 +10,10 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, Layout, Shape, Storage, Tensor, WithDType};
 use rayon::prelude::*;
 
-use super::{dispatch, dot, gemm_seq, max, simd, sum, tensor, with_slice, Real};
+use super::{dispatch, tensor, with_slice};
+use crate::gemm::gemm_seq;
+use crate::math::{dot, max, sum, Real};
+use crate::simd;
 
 /// `softmax(q k^T * scale + bias) v` with grouped kv heads: `q [b, h, t, d]`,
 /// `k, v [b, kvh, T, d]` (any strides with a unit last stride), `bias [b, 1, t, T]` an additive
@@ -495,6 +498,32 @@ impl CustomOp3 for Attention {
     }
 }
 
+/// Additive attention bias `[b, 1, t, past + t]` for left-padded rows: query `i` of row `r`
+/// sees keys `j <= past + i` that are not padding (`j >= pad[r]`). A fully masked row (a pad
+/// query) keeps its own key so softmax stays finite.
+pub fn causal_bias(
+    pad: &[usize],
+    past: usize,
+    t: usize,
+    device: &candle_core::Device,
+) -> candle_core::Result<Tensor> {
+    let total = past + t;
+    let mut data = vec![0f32; pad.len() * t * total];
+    for (r, &p) in pad.iter().enumerate() {
+        for i in 0..t {
+            let row = &mut data[(r * t + i) * total..(r * t + i + 1) * total];
+            let qpos = past + i;
+            for (j, x) in row.iter_mut().enumerate() {
+                let visible = j <= qpos && (j >= p || j == qpos);
+                if !visible {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+    Tensor::from_vec(data, (pad.len(), 1, t, total), device)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::test_util::{rand, rel_diff};
@@ -553,7 +582,7 @@ mod tests {
 
     fn check_against_reference(shape: (usize, usize, usize, usize, usize, usize), pad: &[usize]) {
         let (_, _, _, t, past, _) = shape;
-        let bias = crate::ops::causal_bias(pad, past, t, &Device::Cpu).unwrap();
+        let bias = super::causal_bias(pad, past, t, &Device::Cpu).unwrap();
         check_with_bias(shape, &bias);
     }
 
@@ -624,7 +653,7 @@ mod tests {
     fn rejects_shapes_that_do_not_fit() {
         let q = rand(&[1, 4, 3, 8], 1, DType::F32);
         let k = rand(&[1, 3, 3, 8], 2, DType::F32);
-        let bias = crate::ops::causal_bias(&[0], 0, 3, &Device::Cpu).unwrap();
+        let bias = super::causal_bias(&[0], 0, 3, &Device::Cpu).unwrap();
         assert!(attention(&q, &k, &k, &bias, 1.0).is_err());
     }
 }
