@@ -12,12 +12,43 @@ def modname(root, path):
     return "::".join(parts) or "crate"
 
 def strip_comments(s):
-    s = re.sub(r"/\*.*?\*/", "", s, flags=re.S)
-    # string and char literals may hold braces or `crate::`: blank them
-    s = re.sub(r'r#*"(?:.|\n)*?"#*', '""', s)
-    s = re.sub(r'"(?:\\.|[^"\\])*"', '""', s)
-    s = re.sub(r"'(?:\\.|[^'\\])'", "' '", s)
-    return "\n".join(l.split("//")[0] if not l.strip().startswith("//") else "" for l in s.splitlines())
+    """The code of a Rust file with comments removed and string/char literals emptied (a
+    small lexer: block and line comments, plain, byte and raw strings, char literals; a
+    lifetime `'a` is left alone)."""
+    out, i, n = [], 0, len(s)
+    while i < n:
+        c = s[i]
+        if s.startswith("//", i):
+            j = s.find("\n", i)
+            i = n if j < 0 else j
+        elif s.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if s.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif s.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+        elif c == "r" and (i == 0 or not (s[i - 1].isalnum() or s[i - 1] == "_")) and re.match(r'r#*"', s[i:]):
+            m = re.match(r'r(#*)"', s[i:])
+            end = s.find('"' + m.group(1), i + m.end())
+            out.append('""')
+            i = n if end < 0 else end + 1 + len(m.group(1))
+        elif c == '"':
+            i += 1
+            while i < n and s[i] != '"':
+                i += 2 if s[i] == "\\" else 1
+            out.append('""')
+            i += 1
+        elif c == "'" and re.match(r"'(\\.[^']*|[^'\\])'", s[i:]):
+            m = re.match(r"'(\\.[^']*|[^'\\])'", s[i:])
+            out.append("' '")
+            i += m.end()
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
 
 def expand_groups(s):
     # crate::{a, b::c} -> crate::a crate::b::c (one level deep is enough here)
