@@ -355,6 +355,8 @@ pub fn run<C: TrainerConfig, A: Algorithm>(
             opt.load_state_tensors(&o.tensors.iter().cloned().collect())?;
         }
         state = ck.trainer_state;
+        // The run's length is the config's now (a resumed run may be given more steps).
+        state.max_steps = Some(total);
         pos = state.rlft.data_position;
         eprintln!(
             "resumed from {} (step {})",
