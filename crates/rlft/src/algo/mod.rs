@@ -1,4 +1,5 @@
-//! The pure maths of GRPO: advantages from rewards, and the clipped policy loss.
+//! The pure maths of the online family: advantages from rewards (GRPO's group-relative ones and
+//! the other estimators in [`estimators`]), the clipped policy losses and PPO's value loss.
 //!
 //! No model, no sampling, no I/O: functions of numbers (advantages, on `f64` slices) and of
 //! tensors (the loss, on candle tensors, differentiable with respect to the policy log-probs).
@@ -25,10 +26,16 @@
 //! - The k3 KL estimator: J. Schulman, "Approximating KL Divergence" (2020), as used by GRPO.
 
 pub mod advantage;
+pub mod estimators;
 pub mod loop_ref;
 pub mod loss;
+pub mod rloo_loss;
+pub mod value_loss;
 
 pub use advantage::{compute_advantages, AdvantageConfig, Advantages, ScaleRewards};
+pub use estimators::{
+    estimate, Estimate, Estimator, EstimatorConfig, EstimatorInputs, KlEstimator,
+};
 pub use loss::{
     grpo_loss, masked_mean_per_row, LossConfig, LossInputs, LossNormalizer, LossOutput, LossStats,
     LossType,
