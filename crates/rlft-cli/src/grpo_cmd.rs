@@ -31,14 +31,21 @@ fn metrics_obj(m: &[(String, f64)]) -> Value {
     Value::Object(o)
 }
 
-/// Runs `rlft grpo`.
-pub fn run(a: GrpoArgs) -> Result<()> {
-    let (cfg, summary): (GrpoConfig, _) = train_cmd::run(&a.train, prepare, train)?;
+/// Runs `rlft grpo`, `rlft rloo` or `rlft ppo`: one trainer, the command's defaults in `C`.
+pub fn run<C>(a: GrpoArgs) -> Result<()>
+where
+    C: TrainerConfig + AsRef<GrpoConfig>,
+{
+    let (cfg, summary): (C, _) = train_cmd::run(
+        &a.train,
+        |c: &C, m: &std::path::Path, d: &candle_core::Device| prepare(c.as_ref(), m, d),
+        |c: &C, p: &mut rlft::grpo::Prepared, o: &rlft::run::RunOptions| train(c.as_ref(), p, o),
+    )?;
     if summary.interrupted || summary.final_dir.is_none() {
         train_cmd::say_stopped(&cfg, summary.global_step);
     }
     // The report (summary card, dashboard, rollout cases) from what the run wrote.
-    match rlft_report::write_report(&cfg.args.output_dir) {
+    match rlft_report::write_report(&cfg.args().output_dir) {
         Ok(paths) => eprintln!("report: {}", paths.html.display()),
         Err(e) => eprintln!("warning: no report written: {e}"),
     }

@@ -46,8 +46,11 @@ enum Command {
     Merge(merge_cmd::MergeArgs),
     /// Supervised fine-tuning from a TOML config (full or LoRA), with eval, checkpoints, resume.
     Sft(sft_cmd::SftArgs),
-    /// GRPO (and Dr. GRPO / DAPO / BNPO) from a TOML config: rollouts, rewards, metrics, resume.
+    /// GRPO (and Dr. GRPO / DAPO / BNPO) from a TOML config: rollouts, rewards, metrics, resume;
+    /// `advantage_estimator` switches to RLOO, REINFORCE++(-baseline) or PPO's GAE.
     Grpo(grpo_cmd::GrpoArgs),
+    /// RLOO (TRL's RLOOTrainer): leave-one-out baseline, KL in the reward, sequence-level loss.
+    Rloo(grpo_cmd::GrpoArgs),
     /// Predict a run's peak memory (RSS) from its GRPO/SFT config before it starts: weights,
     /// optimizer, gradients, KV cache, activations; what to change when it does not fit.
     Plan(plan_cmd::PlanArgs),
@@ -97,7 +100,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Convert(a) => inspect_cmd::run_convert(a),
         Command::Merge(a) => merge_cmd::run_merge(a),
         Command::Sft(a) => sft_cmd::run(a),
-        Command::Grpo(a) => grpo_cmd::run(a),
+        Command::Grpo(a) => grpo_cmd::run::<rlft::config::grpo::GrpoConfig>(a),
+        Command::Rloo(a) => grpo_cmd::run::<rlft::config::online::RlooConfig>(a),
         Command::Plan(a) => plan_cmd::run(a),
         Command::Eval(a) => grpo_cmd::run_eval(a),
         Command::Reward(a) => grpo_cmd::run_reward(a),

@@ -10,77 +10,10 @@ use std::path::Path;
 use candle_core::Device;
 use rlft::config::grpo::GrpoConfig;
 use rlft::config::TrainerConfig;
-use rlft::grpo::{prepare, train, GrpoSummary};
+use rlft::grpo::prepare;
 use rlft::run::RunOptions;
-use rlft_model::config::Family;
-use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
 
-/// A config over a tiny model; the reward (a digit anywhere) varies within groups of random
-/// byte completions, so advantages are not all zero.
-fn config(dir: &Path, extra: &str) -> GrpoConfig {
-    let model = dir.join("model");
-    if !model.exists() {
-        save_tiny_hf_dir(tiny_config(Family::Qwen2), 1, &model).unwrap();
-    }
-    let data = dir.join("prompts.jsonl");
-    if !data.exists() {
-        common::write_sums(&data, 16, "answer");
-    }
-    let text = format!(
-        r#"
-model = "{}"
-output_dir = "{}"
-dataset = "{}"
-max_prompt_length = 64
-max_completion_length = 8
-num_generations = 4
-per_device_train_batch_size = 8
-gradient_accumulation_steps = 1
-learning_rate = 3e-3
-lr_scheduler_type = "constant"
-max_steps = 3
-report_to = ["jsonl"]
-seed = 5
-temperature = 30.0
-
-[[rewards]]
-type = "regex_format"
-name = "digit"
-pattern = "[a-z]"
-"#,
-        model.display(),
-        dir.join("out").display(),
-        data.display()
-    );
-    // `extra` (TOML) overrides the base keys.
-    let mut table: toml::Table = text.parse().unwrap();
-    for (k, v) in extra.parse::<toml::Table>().unwrap() {
-        table.insert(k, v);
-    }
-    GrpoConfig::from_table(table, "test.toml").unwrap()
-}
-
-fn run(cfg: &GrpoConfig, opts: &RunOptions) -> (GrpoSummary, Vec<(String, Vec<f32>)>) {
-    let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
-    let s = train(cfg, &mut p, opts).unwrap();
-    let w = common::weights(&p.policy);
-    (s, w)
-}
-
-fn metric(s: &GrpoSummary, step: usize, key: &str) -> f64 {
-    s.steps[step]
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| *v)
-        .unwrap_or_else(|| panic!("no {key} at step {step}"))
-}
-
-fn max_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
-    a.iter()
-        .zip(b)
-        .flat_map(|((_, x), (_, y))| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
-        .fold(0.0, f32::max)
-}
+use common::online::{config, max_diff, metric, run};
 
 #[test]
 fn smoke_run_writes_everything_and_is_deterministic() {
@@ -220,7 +153,7 @@ fn lora_with_kl_trains_adapters_only() {
 #[test]
 fn bad_inputs_fail_with_the_fix() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(dir.path(), "");
+    let mut cfg: GrpoConfig = config(dir.path(), "");
     // A reward reading a column the data lacks.
     let text = format!(
         "model = \"{}\"\ndataset = \"{}\"\n[[rewards]]\ntype = \"boxed_accuracy\"\nanswer_field = \"solution\"\n",

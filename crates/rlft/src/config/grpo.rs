@@ -25,6 +25,7 @@ use rlft_rewards::RewardSpec;
 use serde::{Deserialize, Serialize};
 
 use super::args::TrainingArgs;
+use super::online::{EstimatorSettings, ONLINE_ALIASES};
 use super::{ConfigError, TrainerConfig};
 use crate::algo::{AdvantageConfig, LossConfig, LossType, ScaleRewards};
 use crate::data::LengthPolicy;
@@ -70,7 +71,9 @@ pub struct GrpoConfig {
     pub min_p: f64,
     /// Repetition penalty of the rollouts (1.0 = off).
     pub repetition_penalty: f64,
-    /// KL coefficient (k3 estimator, in the loss); 0 skips the reference model entirely.
+    /// KL coefficient to the reference policy; 0 skips the reference model entirely. With
+    /// `group_norm` (GRPO) a k3 term in the loss, with the other estimators a penalty on the
+    /// reward (`kl_estimator`; TRL PPO's `kl_coef`, OpenRLHF's `init_kl_coef`).
     pub beta: f64,
     /// Lower clip range of the importance ratio (1 - epsilon).
     pub epsilon: f64,
@@ -107,6 +110,10 @@ pub struct GrpoConfig {
     pub kl_warning_threshold: f64,
     /// Warn when this many consecutive steps have reward_std near 0.
     pub zero_std_warning_steps: usize,
+    /// Advantage estimator, KL placement, PPO's critic, dynamic sampling (flat keys; see
+    /// [`super::online`]).
+    #[serde(flatten)]
+    pub estimator: EstimatorSettings,
     /// Reward functions, in order (`[[rewards]]` tables; see `docs/rewards.md`).
     pub rewards: Vec<RewardSpec>,
 }
@@ -148,6 +155,7 @@ impl Default for GrpoConfig {
             eval_max_prompts: 0,
             kl_warning_threshold: 1.0,
             zero_std_warning_steps: 5,
+            estimator: EstimatorSettings::default(),
             rewards: Vec::new(),
         }
     }
@@ -183,6 +191,20 @@ pub const GRPO_KEYS: &[&str] = &[
     "kl_warning_threshold",
     "zero_std_warning_steps",
     "rewards",
+    // The estimator settings (`super::online::ESTIMATOR_KEYS`).
+    "advantage_estimator",
+    "kl_estimator",
+    "gamma",
+    "lam",
+    "normalize_advantages",
+    "reward_clip_range",
+    "missing_eos_penalty",
+    "whiten_rewards",
+    "vf_coef",
+    "cliprange_value",
+    "value_model",
+    "dynamic_sampling",
+    "max_num_gen_batches",
 ];
 
 /// LightRFT / OpenRLHF names accepted as aliases: (alias, canonical key, meaning).
@@ -212,7 +234,7 @@ pub const ALIASES: &[(&str, &str, &str)] = &[
 ];
 
 /// Aliases whose value converts: (alias, what it sets).
-const DERIVED_ALIASES: &[&str] = &["rollout_batch_size", "train_batch_size"];
+const DERIVED_ALIASES: &[&str] = &["rollout_batch_size", "train_batch_size", "num_mini_batches"];
 
 /// The derived batch arithmetic of a config, printed at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -250,7 +272,7 @@ impl std::fmt::Display for BatchPlan {
 }
 
 fn resolve_aliases(table: &mut toml::Table) -> Result<(), ConfigError> {
-    for (alias, key, _) in ALIASES {
+    for (alias, key, _) in ALIASES.iter().chain(ONLINE_ALIASES) {
         if let Some(v) = table.remove(*alias) {
             if table.contains_key(*key) {
                 return Err(ConfigError::Invalid(format!(
@@ -285,6 +307,23 @@ fn resolve_aliases(table: &mut toml::Table) -> Result<(), ConfigError> {
         table.insert(
             "generation_batch_size".into(),
             toml::Value::Integer((prompts * g) as i64),
+        );
+    }
+    if let Some(minis) = int(table, "num_mini_batches")? {
+        // TRL PPO: a rollout is `num_mini_batches` train batches.
+        if table.contains_key("generation_batch_size") {
+            return Err(ConfigError::Invalid(
+                "both `num_mini_batches` and `generation_batch_size` (or `rollout_batch_size`) \
+                 are set; keep one"
+                    .into(),
+            ));
+        }
+        table.remove("num_mini_batches");
+        let accumulation = int(table, "gradient_accumulation_steps")?.unwrap_or(1);
+        let train = int(table, "train_batch_size")?.unwrap_or(micro * accumulation);
+        table.insert(
+            "generation_batch_size".into(),
+            toml::Value::Integer((minis * train) as i64),
         );
     }
     if let Some(train) = int(table, "train_batch_size")? {
@@ -323,7 +362,7 @@ impl TrainerConfig for GrpoConfig {
     }
 
     fn alias_keys() -> Vec<&'static str> {
-        let mut keys: Vec<&str> = ALIASES.iter().map(|a| a.0).collect();
+        let mut keys: Vec<&str> = ALIASES.iter().chain(ONLINE_ALIASES).map(|a| a.0).collect();
         keys.extend(DERIVED_ALIASES);
         keys
     }
@@ -367,7 +406,8 @@ impl GrpoConfig {
             loss_type: self.loss_type,
             epsilon_low: self.epsilon,
             epsilon_high: self.epsilon_high(),
-            beta: self.beta,
+            // The other estimators put the KL into the reward instead.
+            beta: if self.kl_in_reward() { 0.0 } else { self.beta },
             max_completion_length: self.max_completion_length,
         }
     }
@@ -422,12 +462,10 @@ impl GrpoConfig {
                 ));
             }
         }
-        if self.num_generations < 2 {
-            return bad(format!(
-                "num_generations must be >= 2 (got {}): GRPO compares completions within a group",
-                self.num_generations
-            ));
+        if self.num_generations == 0 {
+            return bad("num_generations must be >= 1".into());
         }
+        self.check_estimator()?;
         self.check_batches()?;
         if self.max_prompt_length == 0 || self.max_completion_length == 0 {
             return bad("max_prompt_length and max_completion_length must be >= 1".into());
@@ -520,6 +558,12 @@ mod tests {
             },
             epsilon_high: Some(0.28),
             reward_weights: Some(vec![1.0]),
+            estimator: EstimatorSettings {
+                reward_clip_range: Some([0.0, 1.0]),
+                missing_eos_penalty: Some(1.0),
+                value_model: Some("v".into()),
+                ..Default::default()
+            },
             ..Default::default()
         });
     }

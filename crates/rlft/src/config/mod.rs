@@ -6,6 +6,7 @@
 
 pub mod args;
 pub mod grpo;
+pub mod online;
 pub mod sft;
 
 use std::path::Path;
@@ -97,7 +98,15 @@ pub trait TrainerConfig: Serialize + DeserializeOwned + Default {
         Self::resolve_aliases(&mut table)?;
         let defaults = Self::default();
         let args = take_section(&mut table, TRAINING_KEYS, defaults.args(), origin)?;
-        let mut cfg: Self = from_toml(table, origin)?;
+        // The algorithm's own keys read over its defaults (several commands share one config
+        // type with different defaults, as TRL's RLOOConfig and GRPOConfig do).
+        let mut own = toml::Table::try_from(&defaults)
+            .map_err(|e| ConfigError::Invalid(format!("defaults of {origin}: {e}")))?;
+        for k in TRAINING_KEYS {
+            own.remove(*k);
+        }
+        own.extend(table);
+        let mut cfg: Self = from_toml(own, origin)?;
         *cfg.args_mut() = args;
         cfg.validate()?;
         Ok(cfg)

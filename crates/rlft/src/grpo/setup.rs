@@ -80,16 +80,20 @@ pub fn reward_set(cfg: &GrpoConfig) -> Result<RewardSet> {
     Ok(RewardSet::new(&cfg.rewards, cfg.reward_weights.as_deref())?)
 }
 
-/// The passes besides generation and the update that a GRPO config's rollouts take: the
-/// trainer runs them and `rlft plan` sizes them from this one answer.
+/// The passes besides generation and the update that a config's rollouts take: the trainer
+/// runs them and `rlft plan` sizes them from this one answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Passes {
     /// A reference log-prob pass (`beta > 0`).
     pub reference: bool,
     /// A frozen reference copy of the weights (`beta > 0` with full fine-tuning).
     pub reference_copy: bool,
-    /// An old-policy log-prob pass (a rollout feeds more than one optimiser step).
+    /// A sampling-policy log-prob pass: a rollout feeds more than one optimiser step, or the
+    /// KL to the reference enters the reward (it is taken at the sampling policy).
     pub old: bool,
+    /// The loss takes the sampling-policy log-probs (more than one step per rollout; else the
+    /// ratio is 1 and the loss uses the policy's own detached log-probs, as TRL does).
+    pub old_in_loss: bool,
 }
 
 /// The passes of `cfg` with batch plan `plan`.
@@ -97,7 +101,8 @@ pub fn passes(cfg: &GrpoConfig, plan: &BatchPlan) -> Passes {
     Passes {
         reference: cfg.beta > 0.0,
         reference_copy: cfg.beta > 0.0 && !cfg.args.use_peft,
-        old: plan.steps_per_rollout > 1,
+        old: plan.steps_per_rollout > 1 || cfg.kl_in_reward(),
+        old_in_loss: plan.steps_per_rollout > 1,
     }
 }
 

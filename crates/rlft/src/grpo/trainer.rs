@@ -11,9 +11,12 @@ use candle_core::Tensor;
 use rlft_model::CausalLm;
 use rlft_rewards::{RewardSet, Scores};
 
+use super::advantages::{estimate_rollout, shaped_rewards, Advantage};
+use super::dynamic::{Filter, GenBatch};
 use super::setup::{eval_settings, rollout_settings};
 use super::Prepared;
-use crate::algo::{compute_advantages, grpo_loss, LossInputs, LossNormalizer};
+use crate::algo::rloo_loss::{rloo_loss, RlooLossInputs};
+use crate::algo::{grpo_loss, Estimator, LossInputs, LossNormalizer};
 use crate::config::grpo::{BatchPlan, GrpoConfig};
 use crate::data::prompts::PromptItem;
 use crate::data::DataCursor;
@@ -37,7 +40,9 @@ pub type GrpoSummary = RunSummary;
 /// A rollout with everything its optimiser steps need.
 pub struct Rollout {
     samples: Vec<Sample>,
-    advantages: Vec<f64>,
+    advantages: Advantage,
+    /// One advantage per completion, for the sample log.
+    logged_advantages: Vec<f64>,
     old: Option<Vec<Vec<f32>>>,
     reference: Option<Vec<Vec<f32>>>,
     scores: Scores,
@@ -58,6 +63,52 @@ struct Grpo<'a> {
 }
 
 impl Grpo<'_> {
+    /// The rollout's samples and scores: one generation batch, or with dynamic sampling as
+    /// many as it takes (at most `max_num_gen_batches`) to fill the rollout with groups whose
+    /// rewards differ.
+    fn sample(
+        &mut self,
+        policy: &Policy,
+        data: &mut DataCursor,
+        at: Position,
+        times: &mut Metrics,
+    ) -> Result<(Vec<Sample>, Scores, Metrics)> {
+        let cfg = self.cfg;
+        let want = self.plan.rollout_prompts;
+        let seed = mix(cfg.args.seed, at.global_step);
+        let mut generate = |data: &mut DataCursor, seed: u64, times: &mut Metrics| {
+            let prompts = data.take(want);
+            let settings = rollout_settings(cfg, policy, seed);
+            let (p, t) = (&policy.model, &policy.text);
+            generate_and_score(p, t, self.train, &prompts, &settings, self.rewards, times)
+        };
+        if !cfg.estimator.dynamic_sampling {
+            let (samples, scores) = generate(data, seed, times)?;
+            return Ok((samples, scores, Metrics::new()));
+        }
+        let mut filter = Filter::new(want, cfg.num_generations);
+        for b in 0..cfg.estimator.max_num_gen_batches as u64 {
+            let mut t = Metrics::new();
+            let (samples, scores) =
+                generate(data, if b == 0 { seed } else { mix(seed, b) }, &mut t)?;
+            for (k, v) in t {
+                match times.iter_mut().find(|(k2, _)| *k2 == k) {
+                    Some((_, acc)) => *acc += v,
+                    None => times.push((k, v)),
+                }
+            }
+            let rewards = shaped_rewards(cfg, &samples, &scores.total);
+            if filter.add(GenBatch {
+                samples,
+                scores,
+                rewards,
+            }) {
+                break;
+            }
+        }
+        Ok(filter.finish())
+    }
+
     fn write_samples(&mut self, step: u64, logged: &[LoggedSample<'_>]) -> Result<()> {
         if let Some(log) = &mut self.samples {
             log.write(step, logged)
@@ -104,24 +155,8 @@ impl Algorithm for Grpo<'_> {
         times: &mut Metrics,
     ) -> Result<Rollout> {
         let cfg = self.cfg;
-        let prompts = data.take(self.plan.rollout_prompts);
-        let settings = rollout_settings(cfg, policy, mix(cfg.args.seed, at.global_step));
-        let (samples, scores) = generate_and_score(
-            &policy.model,
-            &policy.text,
-            self.train,
-            &prompts,
-            &settings,
-            self.rewards,
-            times,
-        )?;
-        let adv = timed(times, "advantages", || {
-            Ok(compute_advantages(
-                &scores.total,
-                cfg.num_generations,
-                &cfg.advantage_config(),
-            ))
-        })?;
+        let (samples, scores, sampling_metrics) = self.sample(policy, data, at, times)?;
+        let rewards = shaped_rewards(cfg, &samples, &scores.total);
         let needs = super::setup::passes(cfg, &self.plan);
         let passes = NoGradPasses {
             policy: &policy.model,
@@ -134,18 +169,34 @@ impl Algorithm for Grpo<'_> {
             share_prompts: cfg.share_prompts,
         };
         let (old, reference) = no_grad_passes(&passes, self.train, &samples, times)?;
-        let metrics = rollout_metrics(
+        let est = timed(times, "advantages", || {
+            Ok(estimate_rollout(
+                cfg,
+                &samples,
+                &rewards,
+                old.as_deref(),
+                reference.as_deref(),
+                None,
+            ))
+        })?;
+        let mut metrics = rollout_metrics(
             &self.names,
             &scores,
-            &adv.group_std,
-            adv.frac_zero_std,
+            &est.group_std,
+            est.frac_zero_std.unwrap_or(0.0),
             &samples,
         );
+        if est.frac_zero_std.is_none() {
+            metrics.retain(|(k, _)| k != "frac_reward_zero_std");
+        }
+        metrics.extend(est.metrics);
+        metrics.extend(sampling_metrics);
         Ok(Rollout {
+            logged_advantages: est.advantages.per_completion(),
             samples,
-            advantages: adv.values,
-            old,
-            reference,
+            advantages: est.advantages,
+            old: old.filter(|_| needs.old_in_loss),
+            reference: reference.filter(|_| !cfg.kl_in_reward()),
             scores,
             metrics,
         })
@@ -197,34 +248,55 @@ impl Algorithm for Grpo<'_> {
         };
         let pass = policy_pass(&policy.model, self.train, &rows, o)?;
         let device = policy.model.device();
-        let adv: Vec<f32> = mb.iter().map(|&i| r.advantages[i] as f32).collect();
-        let adv = Tensor::from_vec(adv, mb.len(), device)?;
-        let out = grpo_loss(
-            &LossInputs {
+        let adv = r.advantages.tensor(mb, pass.mask.dim(1)?, device)?;
+        let loss = if cfg.estimator.advantage_estimator == Estimator::Rloo {
+            let out = rloo_loss(&RlooLossInputs {
                 logp: &pass.logp,
                 old_logp: pass.old.as_ref(),
-                ref_logp: pass.reference.as_ref(),
                 advantages: &adv,
                 mask: &pass.mask,
-                normalizer: LossNormalizer {
-                    accumulation_steps: cfg.args.gradient_accumulation_steps,
-                    num_items_in_batch: num_items.max(1) as f64,
+                epsilon_low: cfg.epsilon,
+                epsilon_high: cfg.epsilon_high(),
+                accumulation_steps: cfg.args.gradient_accumulation_steps,
+            })?;
+            let rows = mb.len() as f64;
+            stats.add("clip_ratio/low_mean", out.clip_low, rows);
+            stats.add("clip_ratio/high_mean", out.clip_high, rows);
+            stats.add("clip_ratio/region_mean", out.clip_low + out.clip_high, rows);
+            out.loss
+        } else {
+            let out = grpo_loss(
+                &LossInputs {
+                    logp: &pass.logp,
+                    old_logp: pass.old.as_ref(),
+                    ref_logp: pass.reference.as_ref(),
+                    advantages: &adv,
+                    mask: &pass.mask,
+                    normalizer: LossNormalizer {
+                        accumulation_steps: cfg.args.gradient_accumulation_steps,
+                        num_items_in_batch: num_items.max(1) as f64,
+                    },
                 },
-            },
-            &cfg.loss_config(),
-        )?;
-        let ntok = out.stats.tokens;
-        stats.add("clip_ratio/low_mean", out.stats.clip_low, ntok);
-        stats.add("clip_ratio/high_mean", out.stats.clip_high, ntok);
-        stats.add("clip_ratio/region_mean", out.stats.clip_region, ntok);
-        if let Some(kl) = out.stats.kl {
-            stats.add("kl", kl, ntok);
-        }
+                &cfg.loss_config(),
+            )?;
+            let ntok = out.stats.tokens;
+            stats.add("clip_ratio/low_mean", out.stats.clip_low, ntok);
+            stats.add("clip_ratio/high_mean", out.stats.clip_high, ntok);
+            stats.add("clip_ratio/region_mean", out.stats.clip_region, ntok);
+            if let Some(kl) = out.stats.kl {
+                stats.add("kl", kl, ntok);
+            }
+            out.loss
+        };
         if let Some(e) = pass.entropy {
-            stats.add("entropy", e, ntok);
+            stats.add(
+                "entropy",
+                e,
+                pass.mask.sum_all()?.to_scalar::<f32>()? as f64,
+            );
         }
         stats.tokens += pass.num_tokens;
-        Ok(out.loss)
+        Ok(loss)
     }
 
     fn step_metrics(
@@ -279,7 +351,7 @@ impl Algorithm for Grpo<'_> {
             self.train,
             &r.samples,
             scored,
-            Some(&r.advantages),
+            Some(&r.logged_advantages),
             picks,
         );
         self.write_samples(step, &logged)

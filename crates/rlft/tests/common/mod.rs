@@ -1,5 +1,7 @@
 //! What the trainers' end-to-end tests share: a small arithmetic dataset.
 
+pub mod online;
+
 use std::path::Path;
 
 /// Writes `n` rows `{"prompt": "12+7=", <answer_key>: "19"}` to `path` (JSONL).

@@ -1,0 +1,177 @@
+//! A rollout's advantages under the configured estimator: the reward shaping every estimator
+//! shares (`reward_clip_range`, `missing_eos_penalty`), the KL to the reference where it
+//! enters the reward, and the pure estimators of [`crate::algo`].
+
+use candle_core::{Device, Tensor};
+
+use crate::algo::estimators::token_kl;
+use crate::algo::{compute_advantages, estimate, Estimate, Estimator, EstimatorInputs};
+use crate::config::grpo::GrpoConfig;
+use crate::error::Result;
+use crate::rollout::{pad_rows, Sample};
+use crate::run::Metrics;
+
+/// Advantages of a rollout: one per completion or one per completion token.
+#[derive(Debug, Clone)]
+pub enum Advantage {
+    /// `[N]`.
+    PerSequence(Vec<f64>),
+    /// `[N][len_i]`.
+    PerToken(Vec<Vec<f64>>),
+}
+
+impl Advantage {
+    /// The advantages of `rows` as the loss takes them: `[rows]`, or `[rows, tc]` zero-padded.
+    pub fn tensor(&self, rows: &[usize], tc: usize, device: &Device) -> Result<Tensor> {
+        Ok(match self {
+            Advantage::PerSequence(a) => {
+                let v: Vec<f32> = rows.iter().map(|&i| a[i] as f32).collect();
+                Tensor::from_vec(v, rows.len(), device)?
+            }
+            Advantage::PerToken(a) => {
+                let f: Vec<Vec<f32>> = rows
+                    .iter()
+                    .map(|&i| a[i].iter().map(|&x| x as f32).collect())
+                    .collect();
+                let refs: Vec<&[f32]> = f.iter().map(|r| &r[..]).collect();
+                pad_rows(&refs, tc, device)?
+            }
+        })
+    }
+
+    /// One number per completion for the sample log: the advantage, or the mean of its tokens'.
+    pub fn per_completion(&self) -> Vec<f64> {
+        match self {
+            Advantage::PerSequence(a) => a.clone(),
+            Advantage::PerToken(a) => a
+                .iter()
+                .map(|r| r.iter().sum::<f64>() / r.len().max(1) as f64)
+                .collect(),
+        }
+    }
+}
+
+/// What [`estimate_rollout`] returns.
+#[derive(Debug, Clone)]
+pub struct Estimated {
+    /// The advantages.
+    pub advantages: Advantage,
+    /// `[N][len_i]` returns (`gae`: the critic's targets).
+    pub returns: Option<Vec<Vec<f64>>>,
+    /// Reward std of each group (empty with one completion per prompt).
+    pub group_std: Vec<f64>,
+    /// Fraction of groups whose rewards are all equal (None with one completion per prompt).
+    pub frac_zero_std: Option<f64>,
+    /// Rollout metrics of the estimator (`kl` when the KL enters the reward).
+    pub metrics: Metrics,
+}
+
+/// The rewards the estimators see: each completion's weighted reward, clamped to
+/// `reward_clip_range` (TRL RLOO / OpenRLHF), minus `missing_eos_penalty` when the completion
+/// ran out of tokens (TRL PPO).
+pub fn shaped_rewards(cfg: &GrpoConfig, samples: &[Sample], total: &[f64]) -> Vec<f64> {
+    let e = &cfg.estimator;
+    total
+        .iter()
+        .zip(samples)
+        .map(|(&r, s)| {
+            let r = match e.reward_clip_range {
+                Some([lo, hi]) => r.clamp(lo, hi),
+                None => r,
+            };
+            match e.missing_eos_penalty {
+                Some(p) if s.truncated => r - p,
+                _ => r,
+            }
+        })
+        .collect()
+}
+
+/// The advantages of a rollout.
+///
+/// - `rewards`: `[N]` shaped rewards ([`shaped_rewards`]), groups of `num_generations`;
+/// - `old`, `reference`: `[N][len_i]` sampling-policy and reference log-probs, given when the
+///   KL enters the reward (`beta > 0`, every estimator but `group_norm`);
+/// - `values`: `[N][len_i]` the critic's values (`gae`).
+pub fn estimate_rollout(
+    cfg: &GrpoConfig,
+    samples: &[Sample],
+    rewards: &[f64],
+    old: Option<&[Vec<f32>]>,
+    reference: Option<&[Vec<f32>]>,
+    values: Option<&[Vec<f32>]>,
+) -> Estimated {
+    let g = cfg.num_generations;
+    let est = cfg.estimator.advantage_estimator;
+    let groups = compute_advantages(rewards, g, &cfg.advantage_config());
+    let (group_std, frac_zero_std) = if g > 1 {
+        (groups.group_std, Some(groups.frac_zero_std))
+    } else {
+        (Vec::new(), None)
+    };
+    let mut metrics = Metrics::new();
+    if est == Estimator::GroupNorm {
+        return Estimated {
+            advantages: Advantage::PerSequence(groups.values),
+            returns: None,
+            group_std,
+            frac_zero_std,
+            metrics,
+        };
+    }
+    let kl: Option<Vec<Vec<f64>>> = match (cfg.kl_in_reward(), old, reference) {
+        (true, Some(o), Some(r)) => Some(
+            o.iter()
+                .zip(r)
+                .map(|(o, r)| {
+                    o.iter()
+                        .zip(r)
+                        .map(|(&a, &b)| {
+                            token_kl(est, cfg.estimator.kl_estimator, a as f64, b as f64)
+                        })
+                        .collect()
+                })
+                .collect(),
+        ),
+        _ => None,
+    };
+    if let Some(k) = &kl {
+        let n: usize = k.iter().map(Vec::len).sum();
+        let s: f64 = k.iter().flatten().sum();
+        metrics.push(("kl".into(), s / n.max(1) as f64));
+    }
+    let values: Option<Vec<Vec<f64>>> = values.map(|v| {
+        v.iter()
+            .map(|r| r.iter().map(|&x| x as f64).collect())
+            .collect()
+    });
+    let lens: Vec<usize> = samples.iter().map(|s| s.completion_ids.len()).collect();
+    let inp = EstimatorInputs {
+        rewards,
+        group_size: g,
+        kl: kl.as_deref(),
+        values: values.as_deref(),
+        lens: &lens,
+    };
+    let (advantages, returns) = match estimate(&inp, &cfg.estimator_config()) {
+        Estimate::PerSequence(a) => (Advantage::PerSequence(a), None),
+        Estimate::PerToken {
+            advantages,
+            returns,
+        } => {
+            let flat: Vec<f64> = returns
+                .iter()
+                .map(|r| r.first().copied().unwrap_or(0.0))
+                .collect();
+            metrics.push(("returns/mean".into(), crate::algo::advantage::mean(&flat)));
+            (Advantage::PerToken(advantages), Some(returns))
+        }
+    };
+    Estimated {
+        advantages,
+        returns,
+        group_std,
+        frac_zero_std,
+        metrics,
+    }
+}
