@@ -72,6 +72,9 @@ pub struct CausalLm {
     /// The GGUF blocks of the LM head matrix ([`Self::lm_head_weight`]), for decoding.
     pub head_quant: Option<Arc<QuantWeight>>,
     inv_freq: Tensor,
+    /// No LM head at all: the backbone of a `*ForSequenceClassification` checkpoint with
+    /// untied embeddings ([`Self::from_backbone_weights`]); logits and generation are errors.
+    headless: bool,
 }
 
 /// One forward call's inputs.
@@ -150,7 +153,19 @@ fn linear(
 impl CausalLm {
     /// Assembles a model from HF-named tensors (already in the target dtype and device).
     /// Unused tensors are an error: they mean the config does not describe the checkpoint.
-    pub fn from_weights(config: ModelConfig, mut w: HashMap<String, Tensor>) -> Result<Self> {
+    pub fn from_weights(config: ModelConfig, w: HashMap<String, Tensor>) -> Result<Self> {
+        Self::build(config, w, true)
+    }
+
+    /// [`Self::from_weights`] for a decoder whose checkpoint may lack `lm_head.weight` although
+    /// its embeddings are untied: the backbone of a transformers `*ForSequenceClassification`
+    /// model (which has a `score` head instead, [`crate::score`]). Such a model computes hidden
+    /// states but no logits ([`Self::has_lm_head`]).
+    pub fn from_backbone_weights(config: ModelConfig, w: HashMap<String, Tensor>) -> Result<Self> {
+        Self::build(config, w, false)
+    }
+
+    fn build(config: ModelConfig, mut w: HashMap<String, Tensor>, need_head: bool) -> Result<Self> {
         config.validate()?;
         let c = &config;
         let (h, hd) = (c.hidden_size, c.head_dim);
@@ -195,7 +210,8 @@ impl CausalLm {
             });
         }
         let norm = take(&mut w, "model.norm.weight", &[h])?;
-        let lm_head = if c.tie_word_embeddings {
+        let headless = !c.tie_word_embeddings && !need_head && !w.contains_key("lm_head.weight");
+        let lm_head = if c.tie_word_embeddings || headless {
             w.remove("lm_head.weight");
             None
         } else {
@@ -219,7 +235,27 @@ impl CausalLm {
             lm_head,
             head_quant: None,
             inv_freq,
+            headless,
         })
+    }
+
+    /// Whether the model has an LM head (tied or its own): false only for a backbone loaded
+    /// without one ([`Self::from_backbone_weights`]).
+    pub fn has_lm_head(&self) -> bool {
+        !self.headless
+    }
+
+    /// An error unless the model has an LM head (logits, log-probs and generation need one).
+    pub fn require_lm_head(&self) -> Result<()> {
+        if self.headless {
+            return Err(ModelError::Invalid(
+                "this model has no LM head (it is the backbone of a sequence-classification \
+                 checkpoint, a reward model): it scores text but cannot compute token logits or \
+                 generate; load the causal LM it was trained from instead"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Device of the weights.
@@ -232,7 +268,8 @@ impl CausalLm {
         self.embed_tokens.dtype()
     }
 
-    /// The LM head matrix `[vocab, hidden]` (the embedding when tied).
+    /// The LM head matrix `[vocab, hidden]` (the embedding when tied; also the embedding for a
+    /// model without LM head, which [`Self::logits`] and generation refuse).
     pub fn lm_head_weight(&self) -> &Tensor {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
@@ -531,6 +568,7 @@ impl CausalLm {
     /// Logits of chosen hidden rows: `hidden [n, hidden] -> [n, vocab]` in f32 (f64 for f64
     /// models, see [`ops::compute_dtype`]).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.require_lm_head()?;
         let w = self.lm_head_weight();
         if let Some(y) = ops::inference_small_matmul(hidden, w, None)? {
             return Ok(y);
@@ -585,6 +623,7 @@ impl CausalLm {
         chunk: usize,
         entropy: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
+        self.require_lm_head()?;
         let w = self.lm_head_weight();
         if rlft_kernels::fused::enabled_for(hidden)
             && w.dtype() == hidden.dtype()

@@ -10,6 +10,7 @@ use std::path::Path;
 use candle_core::DType;
 use rlft_text::{save_tokenizer_dir, TextBundle};
 
+use crate::config::ModelConfig;
 use crate::decoder::CausalLm;
 use crate::error::{ModelError, Result};
 use crate::generation_config::GenerationConfig;
@@ -37,7 +38,7 @@ impl Default for ExportOptions {
     }
 }
 
-fn dtype_name(d: DType) -> Result<&'static str> {
+pub(crate) fn dtype_name(d: DType) -> Result<&'static str> {
     match d {
         DType::F32 => Ok("float32"),
         DType::BF16 => Ok("bfloat16"),
@@ -57,6 +58,35 @@ pub fn save_hf_dir(
     opts: &ExportOptions,
 ) -> Result<()> {
     let dtype_str = dtype_name(opts.dtype)?;
+    model.require_lm_head()?;
+    let config = filled_config(model, generation).to_hf_json(dtype_str)?;
+    save_dir(model, text, generation, dir, opts, &config, &[])
+}
+
+/// The model's config with the generation defaults' special ids filled in where it has none.
+pub(crate) fn filled_config(model: &CausalLm, generation: &GenerationConfig) -> ModelConfig {
+    let mut cfg = model.config.clone();
+    if cfg.eos_token_ids.is_empty() {
+        cfg.eos_token_ids = generation.eos_token_ids.clone();
+    }
+    cfg.bos_token_id = cfg.bos_token_id.or(generation.bos_token_id);
+    cfg.pad_token_id = cfg.pad_token_id.or(generation.pad_token_id);
+    cfg
+}
+
+/// Writes an HF directory: `config` as `config.json`, the model's weights (without `lm_head`
+/// when `extra` is not empty: a head of another kind replaces it) plus `extra`, the generation
+/// defaults and the tokenizer, assembled under a temporary name and renamed into place.
+pub(crate) fn save_dir(
+    model: &CausalLm,
+    text: &TextBundle,
+    generation: &GenerationConfig,
+    dir: &Path,
+    opts: &ExportOptions,
+    config: &serde_json::Value,
+    extra: &[(String, candle_core::Tensor)],
+) -> Result<()> {
+    dtype_name(opts.dtype)?;
     if model.has_adapters() {
         return Err(ModelError::Invalid(
             "the model has LoRA adapters, which an HF directory cannot hold; merge them first \
@@ -86,15 +116,14 @@ pub fn save_hf_dir(
     }
     std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
     let result = (|| {
-        let mut cfg = model.config.clone();
-        if cfg.eos_token_ids.is_empty() {
-            cfg.eos_token_ids = generation.eos_token_ids.clone();
-        }
-        cfg.bos_token_id = cfg.bos_token_id.or(generation.bos_token_id);
-        cfg.pad_token_id = cfg.pad_token_id.or(generation.pad_token_id);
-        write_json_atomic(&tmp.join("config.json"), &cfg.to_hf_json(dtype_str)?)?;
+        write_json_atomic(&tmp.join("config.json"), config)?;
         write_json_atomic(&tmp.join("generation_config.json"), &generation.to_json())?;
-        save_tensors(&tmp, &model.named_weights(), opts.dtype, opts.shard_bytes)?;
+        let mut weights = model.named_weights();
+        if !extra.is_empty() {
+            weights.retain(|(n, _)| n != "lm_head.weight");
+            weights.extend(extra.iter().cloned());
+        }
+        save_tensors(&tmp, &weights, opts.dtype, opts.shard_bytes)?;
         save_tokenizer_dir(&tmp, text)?;
         Ok(())
     })();

@@ -105,6 +105,7 @@ pub fn generate_with(
     detok: &dyn Detokenize,
     fused: bool,
 ) -> Result<Vec<Completion>> {
+    model.require_lm_head()?;
     // Decoding on the CPU runs many short parallel loops: start them from a pool worker. A GPU
     // keeps the calling thread (the one its context was made on).
     if model.device().is_cpu() {

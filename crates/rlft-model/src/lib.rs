@@ -19,6 +19,8 @@
 //! - [`lora`]: LoRA adapters on the linear layers (PEFT semantics; one layer's adapter is
 //!   [`adapter::LoraAdapter`]), merge, adapters on/off;
 //!   [`peft`] reads and writes them as PEFT adapter directories.
+//! - [`score`]: the scalar `score` head of reward models and critics (transformers'
+//!   `*ForSequenceClassification`, one label): per-token and sequence scores, load and export.
 //! - [`checkpoint`]: activation checkpointing of the decoder layers in training.
 //! - [`tiny`]: deterministic tiny random models for tests.
 //! - [`bench`](mod@bench): the standard forward+backward and reference-pass benchmark work, and process
@@ -43,6 +45,7 @@ pub mod peft;
 pub mod quantized;
 pub mod safetensors_io;
 pub mod sampling;
+pub mod score;
 pub mod shared_prefix;
 pub mod testing;
 pub mod tiny;

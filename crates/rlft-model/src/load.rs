@@ -80,13 +80,47 @@ pub fn load_model(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<LoadedMo
 }
 
 fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    if let Some(arch) = crate::score::sequence_classification_arch(dir)? {
+        return Err(ModelError::bad_file(
+            dir.join("config.json"),
+            format!(
+                "is a `{arch}` (a reward / sequence-classification model with a `score` head, \
+                 no LM head): it scores text but does not generate; load it with \
+                 rlft_model::score::load_score_model (`rlft score`, a `type = \"model\"` \
+                 reward), or pass the causal LM it was trained from"
+            ),
+        ));
+    }
+    let (config, weights, source_dtypes) = read_hf_weights(dir, opts)?;
+    let model = CausalLm::from_weights(config, weights)?;
+    finish_hf_load(dir, model, source_dtypes)
+}
+
+/// An HF directory's config, weights by name, and `(source dtype, tensor count)`.
+pub(crate) type HfWeights = (
+    ModelConfig,
+    std::collections::HashMap<String, candle_core::Tensor>,
+    Vec<(String, usize)>,
+);
+
+/// `config.json` and every safetensors tensor of an HF directory (converted to `opts`), with
+/// the count of each source dtype.
+pub(crate) fn read_hf_weights(dir: &Path, opts: &LoadOptions) -> Result<HfWeights> {
     let config = read_hf_config(dir)?;
     let files = safetensors_io::checkpoint_files(dir)?;
     let mut source_dtypes = std::collections::BTreeMap::new();
     let weights = safetensors_io::load_tensors(&files, opts.dtype, &opts.device, |dt| {
         *source_dtypes.entry(dt).or_insert(0usize) += 1
     })?;
-    let model = CausalLm::from_weights(config, weights)?;
+    Ok((config, weights, source_dtypes.into_iter().collect()))
+}
+
+/// A [`LoadedModel`] of an HF directory's `model`: its tokenizer and generation defaults.
+pub(crate) fn finish_hf_load(
+    dir: &Path,
+    model: CausalLm,
+    source_dtypes: Vec<(String, usize)>,
+) -> Result<LoadedModel> {
     let text = load_tokenizer_dir(dir)?;
     let mut generation = GenerationConfig::from_dir(dir)?.unwrap_or_default();
     fill_generation_defaults(&mut generation, &model.config, &text);
@@ -96,12 +130,12 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         generation,
         source: dir.to_path_buf(),
         kind: SourceKind::HfDir,
-        source_dtypes: source_dtypes.into_iter().collect(),
+        source_dtypes,
     })
 }
 
 /// `dir/config.json` as a [`ModelConfig`]; errors name the file.
-fn read_hf_config(dir: &Path) -> Result<ModelConfig> {
+pub(crate) fn read_hf_config(dir: &Path) -> Result<ModelConfig> {
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {

@@ -8,7 +8,8 @@
 //!
 //! Each file is written to a temporary name and renamed, so a reader never sees a partial file.
 //! Simplification: per-module ranks and alphas (`rank_pattern`, `alpha_pattern`), DoRA, LoRA
-//! biases, `modules_to_save` and `fan_in_fan_out` are rejected on load with a clear error.
+//! biases, `modules_to_save` (except a reward model's `score` head, [`crate::score`]) and
+//! `fan_in_fan_out` are rejected on load with a clear error.
 
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -91,6 +92,17 @@ pub fn save_adapter(
     dir: &Path,
     base_model_name_or_path: Option<&str>,
 ) -> Result<()> {
+    let tensors = adapter_tensors(model, cfg)?;
+    let modules = adapted_modules(model);
+    write_adapter(
+        dir,
+        &tensors,
+        &adapter_config_json(cfg, &modules, base_model_name_or_path),
+    )
+}
+
+/// The adapters of `model` as `(PEFT tensor name, tensor on the CPU)`, checked against `cfg`.
+pub(crate) fn adapter_tensors(model: &CausalLm, cfg: &LoraConfig) -> Result<Vec<(String, Tensor)>> {
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     for (name, lin) in model.linears() {
         let Some(l) = &lin.lora else { continue };
@@ -113,6 +125,21 @@ pub fn save_adapter(
             "the model has no LoRA adapter to save".into(),
         ));
     }
+    Ok(tensors)
+}
+
+/// The short names of the adapted modules of `model` (for `target_modules`).
+pub(crate) fn adapted_module_names(model: &CausalLm) -> Vec<&'static str> {
+    adapted_modules(model)
+}
+
+/// Writes `tensors` as `adapter_model.safetensors` and `config` as `adapter_config.json` in
+/// `dir` (created if needed), each through a temporary file and a rename.
+pub(crate) fn write_adapter(
+    dir: &Path,
+    tensors: &[(String, Tensor)],
+    config: &Value,
+) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
     let path = dir.join(ADAPTER_WEIGHTS);
     let tmp = dir.join(format!(".{ADAPTER_WEIGHTS}.tmp"));
@@ -131,15 +158,17 @@ pub fn save_adapter(
         let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644));
     }
     std::fs::rename(&tmp, &path).map_err(|e| ModelError::io(&path, e))?;
-    let modules = adapted_modules(model);
-    write_json_atomic(
-        &dir.join(ADAPTER_CONFIG),
-        &adapter_config_json(cfg, &modules, base_model_name_or_path),
-    )
+    write_json_atomic(&dir.join(ADAPTER_CONFIG), config)
 }
 
 /// The LoRA hyper-parameters of a PEFT `adapter_config.json`, checked for what rlft supports.
 pub fn read_adapter_config(path: &Path) -> Result<LoraConfig> {
+    read_adapter_config_saving(path, &[])
+}
+
+/// [`read_adapter_config`] accepting `modules_to_save` entries in `saved` (PEFT's full copies
+/// of small modules beside the adapters, such as a reward model's `score` head).
+pub(crate) fn read_adapter_config_saving(path: &Path, saved: &[&str]) -> Result<LoraConfig> {
     let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
     let v: Value = serde_json::from_str(&text)
         .map_err(|e| ModelError::bad_file(path, format!("not valid JSON ({e})")))?;
@@ -182,6 +211,12 @@ pub fn read_adapter_config(path: &Path) -> Result<LoraConfig> {
         Some(Value::String(s)) => k == "bias" && s != "none",
         Some(_) => true,
     };
+    let saves_only_allowed = match v.get("modules_to_save") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .all(|m| m.as_str().is_some_and(|m| saved.contains(&m))),
+        _ => false,
+    };
     for key in [
         "rank_pattern",
         "alpha_pattern",
@@ -192,7 +227,7 @@ pub fn read_adapter_config(path: &Path) -> Result<LoraConfig> {
         "bias",
         "layer_replication",
     ] {
-        if is_set(key) {
+        if is_set(key) && !(key == "modules_to_save" && saves_only_allowed) {
             return Err(bad(format!(
                 "sets `{key}` ({}), which rlft does not support; merge the adapter with PEFT \
                  (merge_and_unload) and load the merged model instead",
@@ -229,6 +264,17 @@ pub fn read_adapter_config(path: &Path) -> Result<LoraConfig> {
 /// Errors name the file and the problem: unknown or missing tensors, wrong shapes, a module
 /// that already has an adapter.
 pub fn load_adapter(model: &mut CausalLm, dir: &Path) -> Result<LoraConfig> {
+    Ok(load_adapter_saving(model, dir, &[])?.0)
+}
+
+/// [`load_adapter`] for an adapter that also saves the whole modules named in `saved`
+/// (`modules_to_save`, tensors `base_model.model.{module}.weight`): returns them by module
+/// name beside the config, for the caller to place.
+pub(crate) fn load_adapter_saving(
+    model: &mut CausalLm,
+    dir: &Path,
+    saved: &[&str],
+) -> Result<(LoraConfig, HashMap<String, Tensor>)> {
     let cfg_path = dir.join(ADAPTER_CONFIG);
     if !cfg_path.exists() {
         return Err(ModelError::bad_file(
@@ -236,7 +282,7 @@ pub fn load_adapter(model: &mut CausalLm, dir: &Path) -> Result<LoraConfig> {
             format!("no {ADAPTER_CONFIG}; pass a PEFT adapter directory"),
         ));
     }
-    let mut cfg = read_adapter_config(&cfg_path)?;
+    let mut cfg = read_adapter_config_saving(&cfg_path, saved)?;
     let path = dir.join(ADAPTER_WEIGHTS);
     if !path.exists() {
         return Err(ModelError::bad_file(
@@ -253,7 +299,16 @@ pub fn load_adapter(model: &mut CausalLm, dir: &Path) -> Result<LoraConfig> {
         crate::safetensors_io::load_tensors(std::slice::from_ref(&path), dtype, &device, |_| {})?;
     // module path -> (A, B)
     let mut pairs: BTreeMap<String, (Option<Tensor>, Option<Tensor>)> = BTreeMap::new();
+    let mut saved_tensors = HashMap::new();
     for (name, t) in tensors {
+        if let Some(m) = name
+            .strip_prefix(PEFT_PREFIX)
+            .and_then(|rest| rest.strip_suffix(".weight"))
+            .filter(|m| saved.contains(m))
+        {
+            saved_tensors.insert(m.to_string(), t);
+            continue;
+        }
         let parsed = name.strip_prefix(PEFT_PREFIX).and_then(|rest| {
             rest.strip_suffix(".lora_A.weight")
                 .map(|m| (m, 'A'))
@@ -334,5 +389,5 @@ pub fn load_adapter(model: &mut CausalLm, dir: &Path) -> Result<LoraConfig> {
         .into_iter()
         .map(str::to_string)
         .collect();
-    Ok(cfg)
+    Ok((cfg, saved_tensors))
 }
