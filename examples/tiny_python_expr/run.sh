@@ -9,7 +9,10 @@
 #   CONFIG=examples/tiny_python_expr/config.toml MODEL=/models/Qwen2.5-0.5B-Instruct ./examples/tiny_python_expr/run.sh
 #
 # Settings (empty = the config file's value):
-#   CONFIG                config file        (examples/tiny_python_expr/cpu.toml)
+#   ALGO                  grpo | rloo | ppo   (grpo; the command that trains)
+#   CONFIG                config file        (examples/tiny_python_expr/cpu.toml; with ALGO=rloo
+#                         cpu_rloo.toml, ALGO=ppo cpu_ppo.toml; cpu_reinforce_baseline.toml is
+#                         a grpo config)
 #   MODEL                 HF dir, .gguf or "default"
 #   DATA_DIR              dataset directory  (examples/tiny_python_expr/data/tiny_python_expr)
 #   ARTIFACTS_DIR         runs go here       (examples/tiny_python_expr/artifacts)
@@ -24,7 +27,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-CONFIG=${CONFIG:-examples/tiny_python_expr/cpu.toml}
+ALGO=${ALGO:-grpo}
+case "$ALGO" in
+  grpo) CONFIG=${CONFIG:-examples/tiny_python_expr/cpu.toml} ;;
+  rloo | ppo) CONFIG=${CONFIG:-examples/tiny_python_expr/cpu_$ALGO.toml} ;;
+  *) echo "error: ALGO=$ALGO; use grpo, rloo or ppo" >&2; exit 2 ;;
+esac
 MODEL=${MODEL:-}
 DATA_DIR=${DATA_DIR:-examples/tiny_python_expr/data/tiny_python_expr}
 ARTIFACTS_DIR=${ARTIFACTS_DIR:-examples/tiny_python_expr/artifacts}
@@ -83,7 +91,7 @@ if [[ "$RESUME" == 1 ]]; then RESUME_ARG=(--resume); fi
 
 echo "== train -> $OUT"
 # shellcheck disable=SC2086
-"$RLFT" grpo --config "$CONFIG" --device "$DEVICE" "${SETS[@]}" "${RESUME_ARG[@]}" ${EXTRA_ARGS:-}
+"$RLFT" "$ALGO" --config "$CONFIG" --device "$DEVICE" "${SETS[@]}" "${RESUME_ARG[@]}" ${EXTRA_ARGS:-}
 
-# `rlft grpo` writes the report at the end ($OUT/report/); `rlft report $OUT` redraws it any time.
+# The trainer writes the report at the end ($OUT/report/); `rlft report $OUT` redraws it any time.
 echo "report: $OUT/report/report.html"

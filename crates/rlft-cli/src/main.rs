@@ -51,6 +51,9 @@ enum Command {
     Grpo(grpo_cmd::GrpoArgs),
     /// RLOO (TRL's RLOOTrainer): leave-one-out baseline, KL in the reward, sequence-level loss.
     Rloo(grpo_cmd::GrpoArgs),
+    /// PPO with a critic (TRL's PPOTrainer names): GAE, clipped value loss, per-token KL penalty;
+    /// the critic is checkpointed with the policy and exported as `critic/`.
+    Ppo(grpo_cmd::GrpoArgs),
     /// Predict a run's peak memory (RSS) from its GRPO/SFT config before it starts: weights,
     /// optimizer, gradients, KV cache, activations; what to change when it does not fit.
     Plan(plan_cmd::PlanArgs),
@@ -102,6 +105,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Sft(a) => sft_cmd::run(a),
         Command::Grpo(a) => grpo_cmd::run::<rlft::config::grpo::GrpoConfig>(a),
         Command::Rloo(a) => grpo_cmd::run::<rlft::config::online::RlooConfig>(a),
+        Command::Ppo(a) => grpo_cmd::run::<rlft::config::online::PpoConfig>(a),
         Command::Plan(a) => plan_cmd::run(a),
         Command::Eval(a) => grpo_cmd::run_eval(a),
         Command::Reward(a) => grpo_cmd::run_reward(a),

@@ -1,12 +1,16 @@
 //! The online family on a tiny random model: RLOO, REINFORCE++, REINFORCE++-baseline and
-//! dynamic sampling through the GRPO trainer's code path. Each estimator: same seed same
+//! dynamic sampling and PPO with a critic through the GRPO trainer's code path. Each estimator: same seed same
 //! metrics, exact resume, batch x accumulation invariance, its metrics; `rlft rloo`'s defaults.
 
 mod common;
 
+use std::path::Path;
+
+use candle_core::Device;
 use common::online::{config, max_diff, metric, run};
 use rlft::config::grpo::GrpoConfig;
-use rlft::config::online::RlooConfig;
+use rlft::config::online::{PpoConfig, RlooConfig};
+use rlft::grpo::{prepare, train};
 use rlft::run::RunOptions;
 
 const ESTIMATORS: [&str; 3] = ["rloo", "reinforce", "reinforce_baseline"];
@@ -115,4 +119,88 @@ fn rloo_command_defaults_and_dynamic_sampling() {
             assert_eq!(batches, 3.0);
         }
     }
+}
+
+/// A PPO run: the summary, the policy's and the critic's weights.
+#[allow(clippy::type_complexity)]
+fn run_ppo(
+    cfg: &PpoConfig,
+    opts: &RunOptions,
+) -> (
+    rlft::grpo::GrpoSummary,
+    Vec<(String, Vec<f32>)>,
+    Vec<(String, Vec<f32>)>,
+) {
+    let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
+    let s = train(cfg, &mut p, opts).unwrap();
+    let critic = p.critic.as_ref().expect("ppo has a critic");
+    let cw = critic
+        .vars
+        .iter()
+        .map(|(n, v)| {
+            let t = v
+                .as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_dtype(candle_core::DType::F32);
+            (n.clone(), t.unwrap().to_vec1::<f32>().unwrap())
+        })
+        .collect();
+    (s, common::weights(&p.policy), cw)
+}
+
+#[test]
+fn ppo_trains_a_critic_resumes_it_and_exports_it() {
+    // One rollout = 2 mini-batches x 2 epochs = 4 steps.
+    let more = "max_steps = 8\nnum_ppo_epochs = 2\nsave_steps = 4\nnum_generations = 1\n\
+                per_device_train_batch_size = 4\nnum_mini_batches = 2";
+    let (d1, d2, d3) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let full: PpoConfig = config(d1.path(), more);
+    assert_eq!(
+        full.estimator.value_model.as_deref(),
+        Some(Path::new(&full.args.model))
+    );
+    let (sf, wf, cf) = run_ppo(&full, &RunOptions::default());
+    for key in [
+        "loss",
+        "value_loss",
+        "vf_clipfrac",
+        "explained_variance",
+        "returns/mean",
+        "values/mean",
+        "kl",
+    ] {
+        let v = metric(&sf, 0, key);
+        assert!(v.is_finite(), "{key} = {v}");
+    }
+    assert!(metric(&sf, 0, "value_loss") > 0.0);
+    // Same seed: same run.
+    let same: PpoConfig = config(d3.path(), more);
+    let (ss, ws, cs) = run_ppo(&same, &RunOptions::default());
+    assert_eq!(metric(&sf, 7, "value_loss"), metric(&ss, 7, "value_loss"));
+    assert_eq!((max_diff(&wf, &ws), max_diff(&cf, &cs)), (0.0, 0.0));
+    // The critic moved, and resumes exactly with the policy.
+    let part: PpoConfig = config(d2.path(), more);
+    let stop = RunOptions {
+        stop_after: Some(4),
+        ..Default::default()
+    };
+    let (_, _, c_mid) = run_ppo(&part, &stop);
+    assert!(max_diff(&c_mid, &cf) > 0.0, "the critic did not train");
+    let resume = RunOptions {
+        resume: true,
+        ..Default::default()
+    };
+    let (sr, wr, cr) = run_ppo(&part, &resume);
+    assert_eq!(sr.global_step, 8);
+    assert_eq!(max_diff(&wf, &wr), 0.0, "policy resume is not exact");
+    assert_eq!(max_diff(&cf, &cr), 0.0, "critic resume is not exact");
+    // The critic is exported as a sequence-classification HF directory.
+    let cfg_json =
+        std::fs::read_to_string(full.args.output_dir.join("critic/config.json")).unwrap();
+    assert!(cfg_json.contains("ForSequenceClassification"), "{cfg_json}");
 }

@@ -159,11 +159,11 @@ pub fn estimate_rollout(
             advantages,
             returns,
         } => {
-            let flat: Vec<f64> = returns
-                .iter()
-                .map(|r| r.first().copied().unwrap_or(0.0))
-                .collect();
-            metrics.push(("returns/mean".into(), crate::algo::advantage::mean(&flat)));
+            metrics.extend(token_stats("returns", &returns));
+            if let Some(v) = &values {
+                metrics.extend(token_stats("values", v));
+                metrics.push(("explained_variance".into(), explained_variance(&returns, v)));
+            }
             (Advantage::PerToken(advantages), Some(returns))
         }
     };
@@ -173,5 +173,38 @@ pub fn estimate_rollout(
         group_std,
         frac_zero_std,
         metrics,
+    }
+}
+
+/// `<name>/mean`, `<name>/std` (population) over every token of `rows`.
+fn token_stats(name: &str, rows: &[Vec<f64>]) -> Metrics {
+    let all: Vec<f64> = rows.iter().flatten().copied().collect();
+    let m = crate::algo::advantage::mean(&all);
+    let var = all.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / all.len().max(1) as f64;
+    vec![
+        (format!("{name}/mean"), m),
+        (format!("{name}/std"), var.sqrt()),
+    ]
+}
+
+/// `1 - Var(returns - values) / Var(returns)` over every token (verl's
+/// `critic/vf_explained_var`): 1 for a perfect critic, 0 for one that predicts the mean, below
+/// 0 for a worse one. 0 when the returns do not vary.
+pub fn explained_variance(returns: &[Vec<f64>], values: &[Vec<f64>]) -> f64 {
+    let r: Vec<f64> = returns.iter().flatten().copied().collect();
+    let d: Vec<f64> = returns
+        .iter()
+        .zip(values)
+        .flat_map(|(r, v)| r.iter().zip(v).map(|(a, b)| a - b))
+        .collect();
+    let var = |x: &[f64]| {
+        let m = crate::algo::advantage::mean(x);
+        x.iter().map(|y| (y - m) * (y - m)).sum::<f64>() / x.len().max(1) as f64
+    };
+    let vr = var(&r);
+    if vr <= 0.0 {
+        0.0
+    } else {
+        1.0 - var(&d) / vr
     }
 }

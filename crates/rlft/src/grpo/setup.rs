@@ -14,6 +14,7 @@ use rlft_model::sampling::SamplingParams;
 use crate::config::grpo::{BatchPlan, EvalDecoding, GrpoConfig};
 use crate::data::prompts::{build_prompts, PromptItem, PromptReport};
 use crate::error::{Result, TrainerError};
+use crate::ppo::Critic;
 use crate::rollout::eval::EvalSettings;
 use crate::rollout::RolloutSettings;
 use crate::run::optim::mix;
@@ -73,6 +74,8 @@ pub struct Prepared {
     pub rewards: RewardSet,
     /// Batch arithmetic.
     pub plan: BatchPlan,
+    /// PPO's value model (`advantage_estimator = "gae"`).
+    pub critic: Option<Critic>,
 }
 
 /// The reward functions of a config.
@@ -190,6 +193,21 @@ pub fn prepare(cfg: &GrpoConfig, model_path: &Path, device: &Device) -> Result<P
             }
         );
     }
+    let critic = match &cfg.estimator.value_model {
+        Some(v) => {
+            // `value_model` naming the policy's `model` reads what it resolved to.
+            let path = if v.as_os_str() == a.model.as_str() {
+                model_path.to_path_buf()
+            } else {
+                v.clone()
+            };
+            let c = crate::ppo::load_critic(a, &path, device)?;
+            let n: usize = c.vars.iter().map(|(_, v)| v.elem_count()).sum();
+            eprintln!("critic: {} ({n} trainable parameters)", path.display());
+            Some(c)
+        }
+        None => None,
+    };
     Ok(Prepared {
         policy,
         reference,
@@ -197,6 +215,7 @@ pub fn prepare(cfg: &GrpoConfig, model_path: &Path, device: &Device) -> Result<P
         eval,
         rewards,
         plan,
+        critic,
     })
 }
 

@@ -16,18 +16,20 @@ use super::dynamic::{Filter, GenBatch};
 use super::setup::{eval_settings, rollout_settings};
 use super::Prepared;
 use crate::algo::rloo_loss::{rloo_loss, RlooLossInputs};
+use crate::algo::value_loss::{value_loss, ValueLossInputs};
 use crate::algo::{grpo_loss, Estimator, LossInputs, LossNormalizer};
 use crate::config::grpo::{BatchPlan, GrpoConfig};
 use crate::data::prompts::PromptItem;
 use crate::data::DataCursor;
 use crate::error::Result;
 use crate::error::TrainerError;
+use crate::ppo::Critic;
 use crate::rollout::eval::evaluate;
 use crate::rollout::samples::{pick, LoggedSample, SampleLog};
 use crate::rollout::stats::{rollout_metrics, HealthMonitor};
 use crate::rollout::{
-    generate_and_score, no_grad_passes, policy_pass, timed, MicroRows, NoGradPasses, Sample,
-    ScoreOptions,
+    generate_and_score, no_grad_passes, pad_rows, policy_pass, timed, MicroRows, NoGradPasses,
+    Sample, ScoreOptions,
 };
 use crate::run::optim::mix;
 use crate::run::{
@@ -45,6 +47,9 @@ pub struct Rollout {
     logged_advantages: Vec<f64>,
     old: Option<Vec<Vec<f32>>>,
     reference: Option<Vec<Vec<f32>>>,
+    /// PPO: the critic's values at rollout time and the returns it regresses on.
+    old_values: Option<Vec<Vec<f32>>>,
+    returns: Option<Vec<Vec<f64>>>,
     scores: Scores,
     metrics: Metrics,
 }
@@ -53,6 +58,7 @@ pub struct Rollout {
 struct Grpo<'a> {
     cfg: &'a GrpoConfig,
     reference: Option<&'a CausalLm>,
+    critic: Option<&'a Critic>,
     train: &'a [PromptItem],
     eval: &'a [PromptItem],
     rewards: &'a mut RewardSet,
@@ -107,6 +113,40 @@ impl Grpo<'_> {
             }
         }
         Ok(filter.finish())
+    }
+
+    /// PPO's clipped value loss of micro-batch `mb`: `(value, clipfrac, loss tensor)`.
+    fn value_loss(
+        &self,
+        critic: &Critic,
+        r: &Rollout,
+        mb: &[usize],
+        mask: &Tensor,
+        old: &[Vec<f32>],
+        returns: &[Vec<f64>],
+    ) -> Result<(f64, f64, Tensor)> {
+        let refs: Vec<&Sample> = mb.iter().map(|&i| &r.samples[i]).collect();
+        let values = critic.values(self.train, &refs, true)?;
+        let (tc, device) = (mask.dim(1)?, mask.device());
+        let old: Vec<&[f32]> = mb.iter().map(|&i| &old[i][..]).collect();
+        let ret: Vec<Vec<f32>> = mb
+            .iter()
+            .map(|&i| returns[i].iter().map(|&x| x as f32).collect())
+            .collect();
+        let ret: Vec<&[f32]> = ret.iter().map(|x| &x[..]).collect();
+        let out = value_loss(&ValueLossInputs {
+            values: &values,
+            old_values: &pad_rows(&old, tc, device)?,
+            returns: &pad_rows(&ret, tc, device)?,
+            mask,
+            clip: Some(self.cfg.estimator.cliprange_value),
+            accumulation_steps: self.cfg.args.gradient_accumulation_steps,
+        })?;
+        let v = out
+            .loss
+            .to_dtype(candle_core::DType::F64)?
+            .to_scalar::<f64>()?;
+        Ok((v, out.clipfrac, out.loss))
     }
 
     fn write_samples(&mut self, step: u64, logged: &[LoggedSample<'_>]) -> Result<()> {
@@ -169,6 +209,15 @@ impl Algorithm for Grpo<'_> {
             share_prompts: cfg.share_prompts,
         };
         let (old, reference) = no_grad_passes(&passes, self.train, &samples, times)?;
+        let values = match self.critic {
+            Some(c) => Some(timed(times, "values", || {
+                let batch = cfg.args.per_device_train_batch_size;
+                rlft_kernels::pool::on_pool_for(policy.model.device(), || {
+                    c.values_no_grad(self.train, &samples, batch)
+                })
+            })?),
+            None => None,
+        };
         let est = timed(times, "advantages", || {
             Ok(estimate_rollout(
                 cfg,
@@ -176,7 +225,7 @@ impl Algorithm for Grpo<'_> {
                 &rewards,
                 old.as_deref(),
                 reference.as_deref(),
-                None,
+                values.as_deref(),
             ))
         })?;
         let mut metrics = rollout_metrics(
@@ -197,6 +246,8 @@ impl Algorithm for Grpo<'_> {
             advantages: est.advantages,
             old: old.filter(|_| needs.old_in_loss),
             reference: reference.filter(|_| !cfg.kl_in_reward()),
+            old_values: values,
+            returns: est.returns,
             scores,
             metrics,
         })
@@ -288,13 +339,21 @@ impl Algorithm for Grpo<'_> {
             }
             out.loss
         };
+        let ntok = pass.mask.sum_all()?.to_scalar::<f32>()? as f64;
         if let Some(e) = pass.entropy {
-            stats.add(
-                "entropy",
-                e,
-                pass.mask.sum_all()?.to_scalar::<f32>()? as f64,
-            );
+            stats.add("entropy", e, ntok);
         }
+        let loss = match (self.critic, &r.old_values, &r.returns) {
+            (Some(c), Some(old), Some(ret)) => {
+                let vf = self.value_loss(c, r, mb, &pass.mask, old, ret)?;
+                // Logged per micro-batch, before the accumulation scaling.
+                let k = cfg.args.gradient_accumulation_steps as f64;
+                stats.add("value_loss", vf.0 * k, ntok);
+                stats.add("vf_clipfrac", vf.1, ntok);
+                (loss + vf.2.affine(cfg.estimator.vf_coef, 0.0)?)?
+            }
+            _ => loss,
+        };
         stats.tokens += pass.num_tokens;
         Ok(loss)
     }
@@ -357,6 +416,17 @@ impl Algorithm for Grpo<'_> {
         self.write_samples(step, &logged)
     }
 
+    fn extra_vars(&self) -> Vec<(String, candle_core::Var)> {
+        self.critic.map(|c| c.vars.clone()).unwrap_or_default()
+    }
+
+    fn export(&self, out_dir: &std::path::Path) -> Result<()> {
+        match self.critic {
+            Some(c) => c.export(out_dir),
+            None => Ok(()),
+        }
+    }
+
     fn evaluate(&mut self, policy: &Policy, at: Position) -> Result<Option<Metrics>> {
         if self.eval.is_empty() {
             return Ok(None);
@@ -383,6 +453,7 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
     let mut algo = Grpo {
         cfg,
         reference: p.reference.as_ref(),
+        critic: p.critic.as_ref(),
         train: &p.train,
         eval: &p.eval,
         names: p.rewards.names(),

@@ -203,6 +203,17 @@ pub trait Algorithm: Send {
 
     /// An eval pass of the policy (None without eval data).
     fn evaluate(&mut self, policy: &Policy, at: Position) -> Result<Option<Metrics>>;
+
+    /// Trainable parameters the algorithm owns besides the policy's (PPO's critic): optimised,
+    /// clipped and checkpointed with them. Names must not clash with the policy's.
+    fn extra_vars(&self) -> Vec<(String, Var)> {
+        Vec::new()
+    }
+
+    /// Writes what the algorithm owns besides the policy when a run finishes (PPO's critic).
+    fn export(&self, _out_dir: &Path) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// `label value` pairs of `keys` found in `metrics` (the learning rate in scientific notation,
@@ -230,6 +241,8 @@ fn log(logger: &mut MetricsLogger, at: Position, m: &Metrics) -> Result<()> {
 /// Everything one run holds besides the algorithm and the policy.
 struct Run<'a> {
     out_dir: &'a Path,
+    /// Every trainable parameter: the policy's, then the algorithm's own.
+    vars: Vec<(String, Var)>,
     manager: CheckpointManager,
     opt: rlft_train::AdamW,
     sched: rlft_train::LrScheduler,
@@ -261,7 +274,14 @@ impl Run<'_> {
     }
 
     fn save(&mut self, policy: &Policy, seed: u64) -> Result<()> {
-        let ck = setup::checkpoint(policy, &self.opt, &self.state, &self.data, seed)?;
+        let ck = setup::checkpoint(
+            &self.vars,
+            policy.adapter_config.clone(),
+            &self.opt,
+            &self.state,
+            &self.data,
+            seed,
+        )?;
         self.manager.save(&ck)?;
         Ok(())
     }
@@ -335,7 +355,9 @@ pub fn run<C: TrainerConfig, A: Algorithm>(
             out_dir.display()
         );
     }
-    let mut opt = optim::optimizer(args, &policy.vars)?;
+    let mut vars = policy.vars.clone();
+    vars.extend(algo.extra_vars());
+    let mut opt = optim::optimizer(args, &vars)?;
     let total = algo.total_steps();
     let mut state = TrainerState {
         max_steps: Some(total),
@@ -350,7 +372,7 @@ pub fn run<C: TrainerConfig, A: Algorithm>(
     let mut pos = DataPosition::default();
     if let Some(dir) = &resume_from {
         let ck = load_checkpoint(dir, policy.model.device())?;
-        setup::restore_weights(&policy.vars, &ck.weights.tensors)?;
+        setup::restore_weights(&vars, &ck.weights.tensors)?;
         if let Some(o) = &ck.optimizer {
             opt.load_state_tensors(&o.tensors.iter().cloned().collect())?;
         }
@@ -380,6 +402,7 @@ pub fn run<C: TrainerConfig, A: Algorithm>(
     };
     let mut run = Run {
         out_dir,
+        vars,
         manager: CheckpointManager::new(out_dir)
             .keep_last((args.save_total_limit > 0).then_some(args.save_total_limit)),
         opt,
@@ -431,10 +454,12 @@ fn train_loop<C: TrainerConfig, A: Algorithm>(
             if run.state.global_step >= total {
                 break;
             }
-            let (opt, state) = (&mut run.opt, &mut run.state);
+            let (opt, state, vars) = (&mut run.opt, &mut run.state, &run.vars);
             let sched = &run.sched;
             let out = rlft_kernels::pool::on_pool_for(&device, || {
-                optim::step(&mut *algo, policy, &unit, step, opt, sched, state, args)
+                optim::step(
+                    &mut *algo, policy, vars, &unit, step, opt, sched, state, args,
+                )
             })?;
             run.state.global_step += 1;
             run.state.num_input_tokens_seen += algo.tokens_seen(&unit, step, &out);
@@ -477,6 +502,7 @@ fn finish<C: TrainerConfig, A: Algorithm>(
             eprintln!("eval after training: {}", short(m, A::EVAL_LINE));
         }
         run.summary.final_dir = Some(setup::export_final(run.out_dir, &args.model, policy)?);
+        algo.export(run.out_dir)?;
     }
     run.summary.wall_time_s = start.elapsed().as_secs_f64();
     run.progress.finish(&format!(

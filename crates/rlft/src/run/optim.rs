@@ -76,6 +76,7 @@ pub fn mix(seed: u64, k: u64) -> u64 {
 pub(super) fn step<A: Algorithm>(
     algo: &mut A,
     policy: &mut Policy,
+    all_vars: &[(String, Var)],
     unit: &A::Unit,
     micro: &[Vec<usize>],
     opt: &mut AdamW,
@@ -90,7 +91,7 @@ pub(super) fn step<A: Algorithm>(
         rlft_model::lora::set_dropout_seed(&mut policy.model, Some(seed));
     }
     let policy = &*policy;
-    let vars: Vec<Var> = policy.vars.iter().map(|(_, v)| v.clone()).collect();
+    let vars: Vec<Var> = all_vars.iter().map(|(_, v)| v.clone()).collect();
     let mut acc = GradAccumulator::new(vars.clone());
     let mut stats = StepStats::default();
     let mut loss_sum = 0f64;
@@ -102,8 +103,8 @@ pub(super) fn step<A: Algorithm>(
         let loss = algo.micro_loss(policy, unit, micro, mb, &mut stats)?;
         loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         let grads = match session {
-            Some(s) => s.backward(&loss, &policy.vars)?,
-            None => rlft_model::trainable::backward(&loss, &policy.vars)?,
+            Some(s) => s.backward(&loss, all_vars)?,
+            None => rlft_model::trainable::backward(&loss, all_vars)?,
         };
         acc.add_owned(grads, 1.0)?;
     }

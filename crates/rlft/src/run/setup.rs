@@ -98,10 +98,11 @@ pub fn export_final(
     Ok(out)
 }
 
-/// A checkpoint of a run: the trainable weights (and adapter config), the AdamW state, the
+/// A checkpoint of a run: the trainable weights `vars` (and the policy's adapter config), the AdamW state, the
 /// trainer state with the data position, and how the run derives its random streams.
 pub fn checkpoint(
-    policy: &Policy,
+    vars: &[(String, Var)],
+    adapter_config: Option<Value>,
     opt: &AdamW,
     state: &TrainerState,
     data: &DataCursor,
@@ -111,12 +112,11 @@ pub fn checkpoint(
     state.rlft.data_position = data.position();
     Ok(Checkpoint {
         weights: Weights {
-            tensors: policy
-                .vars
+            tensors: vars
                 .iter()
                 .map(|(n, v)| (n.clone(), v.as_tensor().clone()))
                 .collect(),
-            adapter_config: policy.adapter_config.clone(),
+            adapter_config,
         },
         optimizer: Some(OptimizerState {
             tensors: opt.state_tensors()?,
