@@ -13,7 +13,7 @@ use rlft_rewards::{RewardSet, Scores};
 
 use super::setup::{eval_settings, rollout_settings};
 use super::Prepared;
-use crate::algo::{compute_advantages, grpo_loss, LossInputs, LossNormalizer};
+use crate::algo::{grpo_loss, multi_reward_advantages, LossInputs, LossNormalizer};
 use crate::config::grpo::{BatchPlan, GrpoConfig};
 use crate::data::prompts::PromptItem;
 use crate::data::DataCursor;
@@ -116,9 +116,13 @@ impl Algorithm for Grpo<'_> {
             times,
         )?;
         let adv = timed(times, "advantages", || {
-            Ok(compute_advantages(
-                &scores.total,
+            let per_function: Vec<&[Option<f64>]> =
+                scores.per_function.iter().map(|f| &f.scores[..]).collect();
+            Ok(multi_reward_advantages(
+                &per_function,
+                self.rewards.weights(),
                 cfg.num_generations,
+                cfg.multi_objective_aggregation,
                 &cfg.advantage_config(),
             ))
         })?;
@@ -206,6 +210,7 @@ impl Algorithm for Grpo<'_> {
                 ref_logp: pass.reference.as_ref(),
                 advantages: &adv,
                 mask: &pass.mask,
+                entropies: pass.entropies.as_ref(),
                 normalizer: LossNormalizer {
                     accumulation_steps: cfg.args.gradient_accumulation_steps,
                     num_items_in_batch: num_items.max(1) as f64,
@@ -213,10 +218,15 @@ impl Algorithm for Grpo<'_> {
             },
             &cfg.loss_config(),
         )?;
-        let ntok = out.stats.tokens;
-        stats.add("clip_ratio/low_mean", out.stats.clip_low, ntok);
-        stats.add("clip_ratio/high_mean", out.stats.clip_high, ntok);
-        stats.add("clip_ratio/region_mean", out.stats.clip_region, ntok);
+        let (ntok, nratio) = (out.stats.tokens, out.stats.ratio_count);
+        if let Some(c) = out.stats.clip {
+            stats.add("clip_ratio/low_mean", c.low, nratio);
+            stats.add("clip_ratio/high_mean", c.high, nratio);
+            stats.add("clip_ratio/region_mean", c.region, nratio);
+        }
+        if let Some(c) = out.stats.cispo_clip_ratio {
+            stats.add("cispo_clip_ratio", c, nratio);
+        }
         if let Some(kl) = out.stats.kl {
             stats.add("kl", kl, ntok);
         }
