@@ -295,7 +295,12 @@ mod tests {
         fn score(&mut self, batch: &[Sample<'_>]) -> Result<RewardOutput, RewardError> {
             let scores = batch
                 .iter()
-                .map(|s| s.completion.chars().any(|c| c.is_ascii_digit()).then_some(2.0))
+                .map(|s| {
+                    s.completion
+                        .chars()
+                        .any(|c| c.is_ascii_digit())
+                        .then_some(2.0)
+                })
                 .collect();
             Ok(RewardOutput {
                 scores,

@@ -256,7 +256,11 @@ pub fn nan_std(xs: &[Option<f64>]) -> f64 {
 ///
 /// - `per_function`: `[K][N]`; `weights`: `[K]`.
 pub fn weighted_totals(per_function: &[&[Option<f64>]], weights: &[f64]) -> Vec<Option<f64>> {
-    assert_eq!(per_function.len(), weights.len(), "one weight per reward function");
+    assert_eq!(
+        per_function.len(),
+        weights.len(),
+        "one weight per reward function"
+    );
     let n = per_function.first().map_or(0, |f| f.len());
     assert!(
         per_function.iter().all(|f| f.len() == n),

@@ -14,26 +14,26 @@
 //! nothing is kept. The mask is a decision, not a function of the weights: no gradient flows
 //! through it.
 
-/// `torch.quantile(values, q)` with its default linear interpolation, computed as PyTorch does
-/// for a float32 tensor: `rank = f32(q) * (n - 1)` in f32, `lo = trunc(rank)`, `hi =
-/// ceil(rank)`, `w = rank - lo`, then `torch.lerp(v[lo], v[hi], w)` in f32 (`v + w (u - v)`
-/// for `w < 0.5`, else `u - (u - v)(1 - w)`). `None` for no values. `values` is sorted in
-/// place. NaN values are not expected (entropies are finite).
+/// `torch.quantile(values, q)` with its default linear interpolation, bit for bit as PyTorch
+/// computes it for a float32 tensor (pinned by `tests/grpo_golden.rs`): `rank = f32(q) * (n -
+/// 1)` held in f64, `lo = floor(rank)`, `hi = ceil(rank)`, `w = f32(rank - lo)`, then
+/// `torch.lerp(v[lo], v[hi], w)` in f32: `v + w (u - v)` for `w < 0.5`, else `u - (u - v)(1 -
+/// w)`, each one fused multiply-add as PyTorch's CPU kernel computes it. `None` for no values.
+/// `values` is sorted in place. NaN values are not expected (entropies are finite).
 pub fn quantile_f32(values: &mut [f32], q: f64) -> Option<f32> {
     if values.is_empty() {
         return None;
     }
     values.sort_by(f32::total_cmp);
-    let q = q as f32;
-    let rank = q * (values.len() - 1) as f32;
-    let lo = rank as usize;
+    let rank = f64::from(q as f32) * (values.len() - 1) as f64;
+    let lo = rank.floor() as usize;
     let hi = (rank.ceil() as usize).min(values.len() - 1);
-    let w = rank - lo as f32;
+    let w = (rank - lo as f64) as f32;
     let (v, u) = (values[lo], values[hi]);
     Some(if w.abs() < 0.5 {
-        v + w * (u - v)
+        w.mul_add(u - v, v)
     } else {
-        u - (u - v) * (1.0 - w)
+        (-(u - v)).mul_add(1.0 - w, u)
     })
 }
 
@@ -42,8 +42,16 @@ pub fn quantile_f32(values: &mut [f32], q: f64) -> Option<f32> {
 /// no token is active.
 ///
 /// - `entropies`, `mask`: `[N * T]` row-major; `mask` 0/1.
-pub fn entropy_threshold(entropies: &[f64], mask: &[f64], top_entropy_quantile: f64) -> Option<f32> {
-    assert_eq!(entropies.len(), mask.len(), "entropies and mask differ in size");
+pub fn entropy_threshold(
+    entropies: &[f64],
+    mask: &[f64],
+    top_entropy_quantile: f64,
+) -> Option<f32> {
+    assert_eq!(
+        entropies.len(),
+        mask.len(),
+        "entropies and mask differ in size"
+    );
     let mut active: Vec<f32> = entropies
         .iter()
         .zip(mask)

@@ -23,8 +23,8 @@
 
 use candle_core::{bail, DType, Result, Tensor};
 
-pub use super::loss_config::{ImportanceSamplingLevel, LossConfig, LossType, Reduction};
 use super::entropy_mask::high_entropy_mask;
+pub use super::loss_config::{ImportanceSamplingLevel, LossConfig, LossType, Reduction};
 
 /// What the loss is normalised by beyond the micro-batch itself.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -164,10 +164,7 @@ fn clipped_surrogate(ratio: &Tensor, adv: &Tensor, cfg: &LossConfig) -> Result<T
     let take_capped = adv
         .gt(0.0)?
         .where_cond(&capped.le(&clipped)?, &capped.ge(&clipped)?)?;
-    take_capped
-        .where_cond(&capped, &clipped)?
-        .mul(adv)?
-        .neg()
+    take_capped.where_cond(&capped, &clipped)?.mul(adv)?.neg()
 }
 
 /// SAPO's soft gate `-sigmoid(tau (r - 1)) * 4 / tau * A` (TRL `grpo_trainer.py:3121-3124`),
@@ -187,7 +184,8 @@ fn sapo_surrogate(ratio: &Tensor, adv: &Tensor, cfg: &LossConfig) -> Result<Tens
 
 /// The high-entropy mask of [`super::entropy_mask`] as a `[N, T]` tensor of `dtype`.
 fn entropy_mask_tensor(entropies: &Tensor, mask: &Tensor, top_q: f64) -> Result<Tensor> {
-    let flat = |x: &Tensor| -> Result<Vec<f64>> { x.to_dtype(DType::F64)?.flatten_all()?.to_vec1() };
+    let flat =
+        |x: &Tensor| -> Result<Vec<f64>> { x.to_dtype(DType::F64)?.flatten_all()?.to_vec1() };
     let keep = high_entropy_mask(&flat(entropies)?, &flat(mask)?, top_q);
     Tensor::from_vec(keep, mask.dims(), mask.device())?.to_dtype(mask.dtype())
 }
@@ -501,7 +499,10 @@ mod tests {
         let b = 2.0 / 1.0 / 4.0;
         assert_eq!(g, vec![vec![a, a, a], vec![b, 0.0, 0.0]]);
         assert_eq!(out.stats.kl, None);
-        assert_eq!((out.stats.clip.unwrap().region, out.stats.tokens), (0.0, 4.0));
+        assert_eq!(
+            (out.stats.clip.unwrap().region, out.stats.tokens),
+            (0.0, 4.0)
+        );
     }
 
     #[test]

@@ -364,7 +364,10 @@ mod tests {
         ] {
             assert_eq!(l.as_str().parse::<ImportanceSamplingLevel>(), Ok(l));
             let json = serde_json::to_string(&l).unwrap();
-            assert_eq!(serde_json::from_str::<ImportanceSamplingLevel>(&json).unwrap(), l);
+            assert_eq!(
+                serde_json::from_str::<ImportanceSamplingLevel>(&json).unwrap(),
+                l
+            );
         }
         let e = "sequnce"
             .parse::<ImportanceSamplingLevel>()
@@ -385,7 +388,10 @@ mod tests {
             loss_type: LossType::Cispo,
             ..base
         });
-        assert!(e.contains("cispo") && e.contains("epsilon_high = 5.0"), "{e}");
+        assert!(
+            e.contains("cispo") && e.contains("epsilon_high = 5.0"),
+            "{e}"
+        );
         let cispo = LossConfig {
             loss_type: LossType::Cispo,
             epsilon_high: 5.0,
@@ -424,7 +430,10 @@ mod tests {
             ..base
         };
         let w = seq.warnings();
-        assert!(w.len() == 1 && w[0].contains("loss_type = \"grpo\""), "{w:?}");
+        assert!(
+            w.len() == 1 && w[0].contains("loss_type = \"grpo\""),
+            "{w:?}"
+        );
         let gspo = LossConfig {
             loss_type: LossType::Grpo,
             ..seq

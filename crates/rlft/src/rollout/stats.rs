@@ -37,7 +37,11 @@ pub fn reward_metrics(
         .collect();
     let (m, _) = mean_std(&totals);
     out.push((format!("{prefix}reward"), m));
-    let stds: Vec<f64> = group_std.iter().copied().filter(|s| s.is_finite()).collect();
+    let stds: Vec<f64> = group_std
+        .iter()
+        .copied()
+        .filter(|s| s.is_finite())
+        .collect();
     if !stds.is_empty() {
         out.push((
             format!("{prefix}reward_std"),

@@ -79,7 +79,11 @@ fn policy_term(r: f64, a: f64, lp: f64, cfg: &LossConfig) -> PolicyTerm {
             };
             // -min(rd a, c a): a > 0 takes the smaller coefficient, a <= 0 the larger.
             let take_rd = if a > 0.0 { rd <= c } else { rd >= c };
-            let (coef, slope) = if take_rd { (rd, rd_slope) } else { (c, c_slope) };
+            let (coef, slope) = if take_rd {
+                (rd, rd_slope)
+            } else {
+                (c, c_slope)
+            };
             p.value = -coef * a;
             p.d_ratio = -slope * a;
             p.low = rd < lo && a < 0.0;

@@ -101,7 +101,6 @@ pub fn advantages_loop(rewards: &[f64], group_size: usize, cfg: &AdvantageConfig
     }
 }
 
-
 /// Mean and unbiased std of the scored values among `xs`, with explicit loops: `(NaN, NaN)`
 /// without any, std NaN with one (TRL's `nanmean` / `nanstd`).
 fn nan_stats_loop(xs: &[Option<f64>]) -> (f64, f64) {

@@ -265,9 +265,8 @@ fn variants(t: usize) -> Vec<LossConfig> {
 type Errs = (f64, f64, f64);
 
 fn stats_pairs(s: &LossStats, w: &LossStats) -> Vec<(f64, f64)> {
-    let clip = |c: &Option<crate::algo::ClipStats>| {
-        c.map_or([0.0; 3], |c| [c.low, c.high, c.region])
-    };
+    let clip =
+        |c: &Option<crate::algo::ClipStats>| c.map_or([0.0; 3], |c| [c.low, c.high, c.region]);
     let (a, b) = (clip(&s.clip), clip(&w.clip));
     vec![
         (s.kl.unwrap_or(0.0), w.kl.unwrap_or(0.0)),
@@ -505,7 +504,10 @@ fn accumulation_split_invariance() {
                 .fold(0.0, f64::max);
             let what = format!("{loss_type} {importance_sampling_level}");
             if loss_type == LossType::Bnpo {
-                assert!((whole - split).abs() > 1e-6, "bnpo should depend on the split");
+                assert!(
+                    (whole - split).abs() > 1e-6,
+                    "bnpo should depend on the split"
+                );
             } else {
                 assert!((whole - split).abs() < 1e-12, "{what}: {whole} vs {split}");
                 assert!(grad_diff < 1e-12, "{what}: grad diff {grad_diff}");
