@@ -505,6 +505,81 @@ mod tests {
         );
     }
 
+    /// The gradient of `[N, T]` logp under `cfg`, with `old` and advantages `adv`.
+    fn grad_of(cfg: &LossConfig, logp: &[f32], old: &[f32], adv: &[f32]) -> Vec<f32> {
+        let n = adv.len();
+        let t = logp.len() / n;
+        let lp = Var::from_tensor(&t2(logp, n, t)).unwrap();
+        let old = t2(old, n, t);
+        let adv = Tensor::from_slice(adv, n, &Device::Cpu).unwrap();
+        let mask = t2(&vec![1.0; n * t], n, t);
+        let out = grpo_loss(
+            &LossInputs {
+                logp: lp.as_tensor(),
+                old_logp: Some(&old),
+                ref_logp: None,
+                advantages: &adv,
+                mask: &mask,
+                entropies: None,
+                normalizer: LossNormalizer::single((n * t) as f64),
+            },
+            cfg,
+        )
+        .unwrap();
+        let g = out.loss.backward().unwrap();
+        g.get(&lp)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    }
+
+    /// A token whose ratio ran past `1 + epsilon_high` with `A > 0`: PPO's clip stops its
+    /// gradient, CISPO keeps it (weight `min(r, eps_max)`); a token with `A < 0` whose ratio ran
+    /// past `delta` loses its gradient only under two-sided clipping. On-policy, SAPO's
+    /// gradient is PPO's (`-A / tokens`).
+    #[test]
+    fn cispo_keeps_clipped_gradients_delta_caps_and_sapo_is_ppo_on_policy() {
+        let r = 1.6f32.ln(); // ratio 1.6
+        let (logp, old) = ([r, 0.0], [0.0, 0.0]);
+        let dapo = LossConfig::default();
+        assert_eq!(grad_of(&dapo, &logp, &old, &[1.0])[0], 0.0);
+        let cispo = LossConfig {
+            loss_type: LossType::Cispo,
+            epsilon_high: 5.0,
+            ..dapo
+        };
+        let g = grad_of(&cispo, &logp, &old, &[1.0]);
+        assert!(
+            (g[0] + 1.6 / 2.0).abs() < 1e-6 && (g[1] + 0.5).abs() < 1e-6,
+            "{g:?}"
+        );
+        let g = grad_of(&dapo, &logp, &old, &[-1.0]);
+        assert!((g[0] - 1.6 / 2.0).abs() < 1e-6, "{g:?}");
+        let two_sided = LossConfig {
+            delta: Some(1.5),
+            ..dapo
+        };
+        assert_eq!(grad_of(&two_sided, &logp, &old, &[-1.0])[0], 0.0);
+        let sapo = LossConfig {
+            loss_type: LossType::Sapo,
+            ..dapo
+        };
+        let on = [-1.0, -2.0];
+        let g_sapo = grad_of(&sapo, &on, &on, &[0.7]);
+        let g_grpo = grad_of(
+            &LossConfig {
+                loss_type: LossType::Grpo,
+                ..dapo
+            },
+            &on,
+            &on,
+            &[0.7],
+        );
+        assert_eq!(g_sapo, g_grpo);
+    }
+
     #[test]
     fn errors_name_the_problem() {
         let logp = t2(&[-1.0; 6], 2, 3);
@@ -525,6 +600,12 @@ mod tests {
         };
         let e = grpo_loss(&inp, &kl_cfg).unwrap_err().to_string();
         assert!(e.contains("needs ref_logp"), "{e}");
+        let mask_cfg = LossConfig {
+            top_entropy_quantile: 0.2,
+            ..Default::default()
+        };
+        let e = grpo_loss(&inp, &mask_cfg).unwrap_err().to_string();
+        assert!(e.contains("needs the per-token entropies"), "{e}");
         let bad_mask = t2(&[1.0; 6], 3, 2);
         let e = grpo_loss(
             &LossInputs {

@@ -280,9 +280,9 @@ impl LossConfig {
             if !(d.is_finite() && d > 1.0) {
                 return bad(format!(
                     "delta = {d} must be > 1: it caps the ratio, and a cap at or below 1 stops \
-                     the gradient of on-policy tokens. INTELLECT-2 uses a value above \
-                     1 + epsilon_high, e.g. delta = {}",
-                    1.0 + self.epsilon_high + 0.2
+                     the gradient of on-policy tokens; use a value above 1 + epsilon_high = {} \
+                     (INTELLECT-2's recommendation), or unset delta",
+                    1.0 + self.epsilon_high
                 ));
             }
         }
