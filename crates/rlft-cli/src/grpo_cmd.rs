@@ -126,7 +126,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
                 &json!({
                     "prompt": items[s.prompt].text,
                     "completion": s.text,
-                    "reward": r.scores.total[i],
+                    "reward": r.scores.is_scored(i).then_some(r.scores.total[i]),
                     "rewards": parts,
                     "completion_tokens": s.completion_ids.len(),
                     "truncated": s.truncated,
@@ -221,7 +221,7 @@ pub fn run_reward(a: RewardArgs) -> Result<()> {
             .collect();
         println!(
             "{}",
-            json!({"index": i, "reward": scores.total[i], "rewards": parts})
+            json!({"index": i, "reward": scores.is_scored(i).then_some(scores.total[i]), "rewards": parts})
         );
     }
     let mean = scores.total.iter().sum::<f64>() / scores.total.len() as f64;

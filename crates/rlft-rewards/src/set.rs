@@ -15,13 +15,31 @@ pub struct RewardSet {
 pub struct Scores {
     /// One output per function, in the order of the specs.
     pub per_function: Vec<RewardOutput>,
-    /// Per sample: the weighted sum over functions, `None` counted as 0 (TRL's `nansum`).
+    /// Per sample: the weighted sum over functions, `None` counted as 0 (TRL's `nansum`). A
+    /// sample no function scored (every one answered `None`) has 0 here; [`Scores::totals`]
+    /// tells it apart.
     pub total: Vec<f64>,
     /// Per function: how many samples of this batch got its `on_error` default.
     pub failures: Vec<usize>,
     /// Per function: the error that made it fall back to `on_error` in this batch, if any, for
     /// the trainer to log.
     pub errors: Vec<Option<String>>,
+}
+
+impl Scores {
+    /// Per sample: its weighted total, or `None` when every function answered `None` (an
+    /// unscorable sample, TRL's all-NaN row: trainers give it advantage 0 and leave it out of
+    /// the reward statistics). A function that fell back to `on_error` scored the sample.
+    pub fn totals(&self) -> Vec<Option<f64>> {
+        (0..self.total.len())
+            .map(|i| self.is_scored(i).then_some(self.total[i]))
+            .collect()
+    }
+
+    /// Whether at least one function scored sample `i`.
+    pub fn is_scored(&self, i: usize) -> bool {
+        self.per_function.iter().any(|f| f.scores[i].is_some())
+    }
 }
 
 impl RewardSet {
@@ -263,8 +281,59 @@ mod tests {
         // None counts as 0.
         let out = set.score(&[s("\\boxed{4}", 3)]).unwrap();
         assert_eq!(out.total, vec![1.0]);
+        assert_eq!(out.totals(), vec![Some(1.0)]);
         assert_eq!(out.per_function[2].scores, vec![None]);
         assert_eq!(out.failures, vec![0, 0, 0]);
+    }
+
+    /// Scores only completions that contain a digit; `None` for the others.
+    struct DigitsOnly;
+    impl Reward for DigitsOnly {
+        fn name(&self) -> &str {
+            "digits_only"
+        }
+        fn score(&mut self, batch: &[Sample<'_>]) -> Result<RewardOutput, RewardError> {
+            let scores = batch
+                .iter()
+                .map(|s| {
+                    s.completion
+                        .chars()
+                        .any(|c| c.is_ascii_digit())
+                        .then_some(2.0)
+                })
+                .collect();
+            Ok(RewardOutput {
+                scores,
+                parts: Vec::new(),
+            })
+        }
+    }
+
+    /// A sample every function answers `None` for is unscorable: no total, while a sample one
+    /// function scored keeps the weighted sum of what was scored.
+    #[test]
+    fn unscorable_samples_have_no_total() {
+        let mut set = RewardSet {
+            functions: Vec::new(),
+            weights: Vec::new(),
+            on_error: Vec::new(),
+        };
+        set.push(Box::new(DigitsOnly), 0.5, None).unwrap();
+        set.push(Box::new(Flaky), 1.0, None).unwrap();
+        let row = serde_json::json!({});
+        let s = |c| Sample {
+            prompt: "",
+            completion: c,
+            row: &row,
+            completion_tokens: 1,
+            truncated: false,
+        };
+        for (c, want) in [("7", Some(1.0)), ("x", None)] {
+            let out = set.score(&[s(c)]).unwrap();
+            assert_eq!(out.totals(), vec![want], "{c}");
+            assert_eq!(out.is_scored(0), want.is_some());
+            assert_eq!(out.total, vec![want.unwrap_or(0.0)]);
+        }
     }
 
     #[test]

@@ -3,11 +3,16 @@
 use std::path::Path;
 
 use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::{PpoConfig, RlooConfig};
 use rlft::config::sft::SftConfig;
 use rlft::config::TrainerConfig;
 
 fn examples() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+fn load<C: TrainerConfig>(path: &Path) -> C {
+    C::load(path, &[]).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 #[test]
@@ -17,8 +22,13 @@ fn grpo_example_configs_parse() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
-            let cfg =
-                GrpoConfig::load(&path, &[]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            // `cpu_rloo.toml` is an `rlft rloo` config, `cpu_ppo.toml` an `rlft ppo` one.
+            let name = path.file_stem().unwrap().to_string_lossy().to_string();
+            let cfg = match name.as_str() {
+                "cpu_rloo" => load::<RlooConfig>(&path).0,
+                "cpu_ppo" => load::<PpoConfig>(&path).0,
+                _ => load::<GrpoConfig>(&path),
+            };
             let plan = cfg.plan(128);
             assert!(plan.total_steps > 0, "{}", path.display());
             n += 1;

@@ -7,11 +7,16 @@
 //! A_i = (r_i - mean_g(r)) / (std + epsilon)      std: of the group, of the batch, or none
 //! ```
 //!
-//! This is TRL's `GRPOTrainer._generate_and_score_completions` (`multi_objective_aggregation =
-//! "sum_then_normalize"`, `scale_rewards`), with LightRFT/verl's optional clamp of `|A|`. The one
-//! advantage is shared by every token of its completion. Rewards here are already the weighted
-//! sum over reward functions, and finite: what to do with unscorable completions (TRL's NaN
-//! rewards) is decided before this function.
+//! This is TRL 1.16's `GRPOTrainer._generate_and_score_completions`
+//! (`trl/trainer/grpo_trainer.py:2756-2810`), with LightRFT/verl's optional clamp of `|A|`. The
+//! one advantage is shared by every token of its completion.
+//!
+//! Several reward functions ([`multi_reward_advantages`]) are combined as
+//! [`MultiObjectiveAggregation`] says, and a function may answer `None` for a completion it
+//! cannot score (TRL: a NaN reward). The weighted sum skips `None`s (TRL's `nansum`); a
+//! completion for which every function answered `None` is *unscorable*: it stays out of every
+//! mean and std (TRL's `nanmean` / `nanstd`) and its advantage is 0. A std over fewer than two
+//! scored values is undefined (NaN) as in TRL; an advantage that comes out NaN is 0.
 
 use std::fmt;
 use std::str::FromStr;
@@ -76,6 +81,60 @@ impl FromStr for ScaleRewards {
     }
 }
 
+/// How the rewards of several functions become one advantage (TRL 1.16's
+/// `multi_objective_aggregation`, `grpo_trainer.py:2761-2807`). `w_k` are the reward weights,
+/// `r_ik` function `k`'s reward for completion `i`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MultiObjectiveAggregation {
+    /// `r_i = sum_k w_k r_ik`, then group-relative advantages of `r_i` as `scale_rewards` says.
+    /// TRL's default.
+    #[default]
+    SumThenNormalize,
+    /// Each function normalised within its group first, `z_ik = (r_ik - mean_g(r_k)) /
+    /// (std_g(r_k) + epsilon)`, then `s_i = sum_k w_k z_ik`, then standardised over the whole
+    /// batch: `A_i = (s_i - mean(s)) / (std(s) + epsilon)` (GDPO, "Group reward-Decoupled
+    /// Normalization Policy Optimization", arXiv:2601.05242): a reward with a large scale or
+    /// spread no longer drowns the others. `scale_rewards` does not apply.
+    NormalizeThenSum,
+}
+
+impl MultiObjectiveAggregation {
+    /// The config names, in declaration order.
+    pub const NAMES: &'static [&'static str] = &["sum_then_normalize", "normalize_then_sum"];
+
+    /// The config name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MultiObjectiveAggregation::SumThenNormalize => "sum_then_normalize",
+            MultiObjectiveAggregation::NormalizeThenSum => "normalize_then_sum",
+        }
+    }
+}
+
+impl fmt::Display for MultiObjectiveAggregation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for MultiObjectiveAggregation {
+    type Err = UnknownVariant;
+
+    /// Parses a config name (case-insensitive, surrounding spaces ignored).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "sum_then_normalize" => Ok(MultiObjectiveAggregation::SumThenNormalize),
+            "normalize_then_sum" => Ok(MultiObjectiveAggregation::NormalizeThenSum),
+            _ => Err(UnknownVariant::new(
+                "multi_objective_aggregation",
+                s,
+                Self::NAMES,
+            )),
+        }
+    }
+}
+
 /// Advantage settings.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -83,7 +142,8 @@ pub struct AdvantageConfig {
     /// Which std divides the centred rewards (TRL `scale_rewards`, default `"group"`).
     pub scale: ScaleRewards,
     /// Added to the std before dividing, so identical rewards give 0 rather than 0/0. TRL uses
-    /// `1e-4` (the default here), LightRFT's seed config `1e-9`. Ignored by [`ScaleRewards::None`].
+    /// `1e-4` (the default here), LightRFT's seed config `1e-9`. Ignored by [`ScaleRewards::None`]
+    /// under `sum_then_normalize`; both divisions of `normalize_then_sum` use it.
     pub epsilon: f64,
     /// Clamp every advantage to `[-clamp, clamp]` after scaling (LightRFT / verl style); `None`
     /// (TRL) leaves them as they are. A group-standardised value is at most `(G - 1) / sqrt(G)`
@@ -125,17 +185,21 @@ impl AdvantageConfig {
 /// Advantages and the group statistics they came from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Advantages {
-    /// One advantage per completion, `[num_groups * group_size]`, in the order of the rewards.
+    /// One advantage per completion, `[num_groups * group_size]`, in the order of the rewards;
+    /// 0 for unscorable completions.
     pub values: Vec<f64>,
-    /// Mean reward of each group, `[num_groups]`.
+    /// Mean total reward of each group's scored completions, `[num_groups]`; NaN for a group
+    /// with none. Always of the weighted sums `sum_k w_k r_ik`, whatever the aggregation.
     pub group_mean: Vec<f64>,
-    /// Unbiased (Bessel-corrected) reward std of each group, `[num_groups]`, whatever the
-    /// scaling; 0 for groups of one completion (see [`unbiased_std`]).
+    /// Unbiased (Bessel-corrected) std of each group's scored total rewards, `[num_groups]`,
+    /// whatever the scaling: 0 for groups of one completion (see [`unbiased_std`]), NaN for a
+    /// larger group with fewer than two scored completions (TRL's `nanstd`).
     pub group_std: Vec<f64>,
-    /// Fraction of groups whose std is ~0 (at most [`ZERO_STD_ATOL`]): groups that carry no
-    /// learning signal because all their completions scored the same. 0 for an empty batch.
-    /// TRL logs this as `frac_reward_zero_std`; under `scale_rewards = "batch"` TRL tests the
-    /// batch std instead (all or nothing), here it is always the per-group fraction.
+    /// Fraction of groups whose std is ~0 (at most [`ZERO_STD_ATOL`]; NaN is not): groups that
+    /// carry no learning signal because all their completions scored the same. 0 for an empty
+    /// batch. TRL logs this as `frac_reward_zero_std`; under `scale_rewards = "batch"` and
+    /// `normalize_then_sum` TRL tests the batch std instead (all or nothing), here it is
+    /// always the per-group fraction.
     pub frac_zero_std: f64,
 }
 
@@ -161,7 +225,61 @@ pub fn unbiased_std(xs: &[f64], mean: f64) -> f64 {
     (ss / (xs.len() - 1) as f64).sqrt()
 }
 
-/// Group-relative advantages of `rewards`.
+/// The scored values of `xs` (TRL: the non-NaN ones).
+fn scored(xs: &[Option<f64>]) -> Vec<f64> {
+    xs.iter().flatten().copied().collect()
+}
+
+/// TRL's `nanmean`: the mean of the scored values, NaN when there is none.
+pub fn nan_mean(xs: &[Option<f64>]) -> f64 {
+    let v = scored(xs);
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        mean(&v)
+    }
+}
+
+/// TRL's `nanstd` (`trl/trainer/utils.py:1021`): the unbiased std of the scored values, NaN
+/// when fewer than two are scored.
+pub fn nan_std(xs: &[Option<f64>]) -> f64 {
+    let v = scored(xs);
+    if v.len() < 2 {
+        f64::NAN
+    } else {
+        unbiased_std(&v, mean(&v))
+    }
+}
+
+/// Per completion, the weighted sum over functions of its scored rewards (TRL's `nansum`), or
+/// `None` when no function scored it (unscorable).
+///
+/// - `per_function`: `[K][N]`; `weights`: `[K]`.
+pub fn weighted_totals(per_function: &[&[Option<f64>]], weights: &[f64]) -> Vec<Option<f64>> {
+    assert_eq!(
+        per_function.len(),
+        weights.len(),
+        "one weight per reward function"
+    );
+    let n = per_function.first().map_or(0, |f| f.len());
+    assert!(
+        per_function.iter().all(|f| f.len() == n),
+        "every reward function must score every completion"
+    );
+    (0..n)
+        .map(|i| {
+            let mut total = None;
+            for (f, w) in per_function.iter().zip(weights) {
+                if let Some(r) = f[i] {
+                    total = Some(total.unwrap_or(0.0) + w * r);
+                }
+            }
+            total
+        })
+        .collect()
+}
+
+/// Group-relative advantages of `rewards`, all scored, one reward function (weight 1).
 ///
 /// - `rewards`: `[num_groups * group_size]`, the completions of one prompt contiguous (group
 ///   `g` is `rewards[g * group_size..(g + 1) * group_size]`), finite.
@@ -176,38 +294,86 @@ pub fn unbiased_std(xs: &[f64], mean: f64) -> f64 {
 /// If `group_size == 0`, if `rewards.len()` is not a multiple of `group_size`, or if `cfg` does
 /// not pass [`AdvantageConfig::validate`] (configs are validated when they are loaded).
 pub fn compute_advantages(rewards: &[f64], group_size: usize, cfg: &AdvantageConfig) -> Advantages {
+    let rewards: Vec<Option<f64>> = rewards.iter().copied().map(Some).collect();
+    multi_reward_advantages(
+        &[&rewards],
+        &[1.0],
+        group_size,
+        MultiObjectiveAggregation::SumThenNormalize,
+        cfg,
+    )
+}
+
+/// Group-relative advantages from several reward functions' rewards, `None` where a function
+/// does not score a completion (TRL `grpo_trainer.py:2756-2810`; module docs).
+///
+/// - `per_function`: `[K][num_groups * group_size]`, each in the group layout of
+///   [`compute_advantages`]; scored values finite. `weights`: `[K]`.
+/// - returns [`Advantages`]; `group_mean` / `group_std` / `frac_zero_std` are of the weighted
+///   totals ([`weighted_totals`]) in both aggregations.
+///
+/// [`MultiObjectiveAggregation::SumThenNormalize`] is [`compute_advantages`] on the totals,
+/// with unscorable completions left out of the means and stds. With
+/// [`MultiObjectiveAggregation::NormalizeThenSum`] `cfg.epsilon` is TRL's hard-coded 1e-4 in
+/// both divisions (the default) and `cfg.scale` does not apply; `cfg.clamp` applies to both.
+///
+/// # Panics
+/// As [`compute_advantages`], and on ragged `per_function` or a weight count that differs.
+pub fn multi_reward_advantages(
+    per_function: &[&[Option<f64>]],
+    weights: &[f64],
+    group_size: usize,
+    aggregation: MultiObjectiveAggregation,
+    cfg: &AdvantageConfig,
+) -> Advantages {
     assert!(group_size > 0, "group_size (num_generations) must be >= 1");
+    let totals = weighted_totals(per_function, weights);
     assert!(
-        rewards.len().is_multiple_of(group_size),
+        totals.len().is_multiple_of(group_size),
         "{} rewards do not split into groups of {group_size}",
-        rewards.len()
+        totals.len()
     );
     if let Err(e) = cfg.validate() {
         panic!("{e}");
     }
-    let group_mean: Vec<f64> = rewards.chunks(group_size).map(mean).collect();
-    let group_std: Vec<f64> = rewards
-        .chunks(group_size)
-        .zip(&group_mean)
-        .map(|(g, &m)| unbiased_std(g, m))
-        .collect();
-    let batch_std = match cfg.scale {
-        ScaleRewards::Batch => unbiased_std(rewards, mean(rewards)),
-        ScaleRewards::Group | ScaleRewards::None => 0.0,
+    let group_std_of = |g: &[Option<f64>]| {
+        if group_size == 1 {
+            0.0
+        } else {
+            nan_std(g)
+        }
     };
-    let values = rewards
-        .iter()
-        .enumerate()
-        .map(|(i, &r)| {
-            let g = i / group_size;
-            let centred = r - group_mean[g];
-            let a = match cfg.scale {
-                ScaleRewards::Group => centred / (group_std[g] + cfg.epsilon),
-                ScaleRewards::Batch => centred / (batch_std + cfg.epsilon),
-                ScaleRewards::None => centred,
+    let group_mean: Vec<f64> = totals.chunks(group_size).map(nan_mean).collect();
+    let group_std: Vec<f64> = totals.chunks(group_size).map(group_std_of).collect();
+    let values: Vec<f64> = match aggregation {
+        MultiObjectiveAggregation::SumThenNormalize => {
+            let batch_std = match cfg.scale {
+                ScaleRewards::Batch if totals.len() > 1 => nan_std(&totals),
+                _ => 0.0,
             };
-            clamp_advantage(a, cfg.clamp)
-        })
+            totals
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    let g = i / group_size;
+                    r.map_or(f64::NAN, |r| {
+                        let centred = r - group_mean[g];
+                        match cfg.scale {
+                            ScaleRewards::Group => centred / (group_std[g] + cfg.epsilon),
+                            ScaleRewards::Batch => centred / (batch_std + cfg.epsilon),
+                            ScaleRewards::None => centred,
+                        }
+                    })
+                })
+                .collect()
+        }
+        MultiObjectiveAggregation::NormalizeThenSum => {
+            normalize_then_sum(per_function, weights, &totals, group_size, cfg.epsilon)
+        }
+    };
+    let values = values
+        .into_iter()
+        .map(|a| clamp_advantage(if a.is_nan() { 0.0 } else { a }, cfg.clamp))
         .collect();
     let zero = group_std.iter().filter(|&&s| s <= ZERO_STD_ATOL).count();
     let frac_zero_std = if group_std.is_empty() {
@@ -221,6 +387,41 @@ pub fn compute_advantages(rewards: &[f64], group_size: usize, cfg: &AdvantageCon
         group_std,
         frac_zero_std,
     }
+}
+
+/// GDPO's advantages before the NaN -> 0 and the clamp: each function standardised within
+/// its groups, the weighted sum over the scored ones, standardised over the batch (NaN for
+/// unscorable completions).
+fn normalize_then_sum(
+    per_function: &[&[Option<f64>]],
+    weights: &[f64],
+    totals: &[Option<f64>],
+    group_size: usize,
+    epsilon: f64,
+) -> Vec<f64> {
+    let n = totals.len();
+    let mut sums: Vec<Option<f64>> = vec![None; n];
+    for (f, w) in per_function.iter().zip(weights) {
+        for (g, rows) in f.chunks(group_size).enumerate() {
+            let m = nan_mean(rows);
+            let s = if group_size > 1 { nan_std(rows) } else { 0.0 };
+            for (j, r) in rows.iter().enumerate() {
+                let i = g * group_size + j;
+                let z = r.map_or(f64::NAN, |r| (r - m) / (s + epsilon));
+                if totals[i].is_some() {
+                    let acc = sums[i].get_or_insert(0.0);
+                    if !z.is_nan() {
+                        *acc += z * w;
+                    }
+                }
+            }
+        }
+    }
+    let batch_std = if n > 1 { nan_std(&sums) } else { 0.0 };
+    let batch_mean = nan_mean(&sums);
+    sums.iter()
+        .map(|s| s.map_or(f64::NAN, |s| (s - batch_mean) / (batch_std + epsilon)))
+        .collect()
 }
 
 /// `a` clamped to `[-c, c]` when `clamp = Some(c)`.

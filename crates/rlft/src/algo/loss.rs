@@ -1,174 +1,42 @@
-//! The GRPO policy loss: PPO's clipped surrogate on per-token importance ratios, an optional k3
-//! KL penalty to a reference policy, and an aggregation over tokens chosen by [`LossType`].
+//! The GRPO policy loss of TRL 1.16 (`GRPOTrainer._compute_loss`,
+//! `trl/trainer/grpo_trainer.py:3020-3290`): an importance ratio per token or per completion, a
+//! policy term chosen by [`LossType`], an optional entropy mask, an optional k3 KL penalty to a
+//! reference policy, and a reduction over tokens.
 //!
-//! Per token `(i, t)` of completion `i` (TRL `_compute_loss`, `importance_sampling_level =
-//! "token"`; GRPO, DeepSeekMath arXiv:2402.03300, eq. 3):
+//! Per token `(i, t)` of completion `i`, `m` the completion mask, `len_i = max(sum_t m_it, 1)`:
 //!
 //! ```text
-//! r       = exp(logp - old_logp)                          importance ratio
-//! l_pg    = -min(r * A_i, clip(r, 1 - eps_low, 1 + eps_high) * A_i)
-//! kl      = exp(ref - logp) - (ref - logp) - 1            k3 estimator, >= 0
-//! l       = l_pg + beta * kl                              (kl only when beta != 0)
+//! r      = exp(logp - old)                                 importance_sampling_level = token
+//!        = exp(sum_t m (logp - old) / len_i)               = sequence (GSPO), one per row
+//! kl     = exp(ref - logp) - (ref - logp) - 1              k3 estimator, >= 0
+//!          (* r when use_bias_correction_kl)
+//! policy = -min(rd * A, clip(r, 1 - eps_low, 1 + eps_high) * A)    grpo, bnpo, dr_grpo, dapo
+//!          rd = min(r, delta) with two-sided clipping (delta), else r
+//!        = -sg(min(r, eps_high)) * A * logp                          cispo
+//!        = -sigmoid(tau (r - 1)) * 4 / tau * A,  tau = A > 0 ? tau_pos : tau_neg     sapo
+//! l      = policy * entropy_mask + beta * kl               (kl only when beta != 0)
 //! ```
 //!
-//! then `l` is summed over the completion tokens (`mask`) and normalised per [`LossType`].
-//! `eps_high > eps_low` is DAPO's "clip-higher" (arXiv:2503.14476).
-
-use std::fmt;
-use std::str::FromStr;
+//! then `l` is summed over the completion tokens and normalised per [`LossType`]. `eps_high >
+//! eps_low` is DAPO's "clip-higher" (arXiv:2503.14476); GRPO is DeepSeekMath arXiv:2402.03300,
+//! eq. 3. `sg` stops the gradient.
 
 use candle_core::{bail, DType, Result, Tensor};
-use serde::{Deserialize, Serialize};
 
-use super::UnknownVariant;
-use crate::config::ConfigError;
-
-/// How the per-token losses of a micro-batch are reduced to one number (TRL's `loss_type`).
-///
-/// With `N` completions in the micro-batch, `m` the completion mask, `l` the per-token loss and
-/// `k` the gradient-accumulation steps of one optimiser step:
-///
-/// | type      | loss                                                  | split-invariant |
-/// |-----------|-------------------------------------------------------|-----------------|
-/// | `grpo`    | `mean_i( sum_t m l / max(sum_t m, 1) ) / k`           | yes (*)         |
-/// | `bnpo`    | `sum m l / max(sum m, 1) / k`                         | no              |
-/// | `dr_grpo` | `sum m l / (N * max_completion_length) / k`           | yes (*)         |
-/// | `dapo`    | `sum m l / max(num_items_in_batch, 1)`                | yes             |
-///
-/// "Split-invariant": summing the losses (and gradients) of the `k` micro-batches of a split
-/// optimiser step gives the loss of the whole step computed at once with `k = 1`. (*) When the
-/// micro-batches hold equally many completions, as they do in GRPO (`grpo` is a mean of per-row
-/// means, `dr_grpo` divides by a row count). `bnpo` normalises by the micro-batch's own token
-/// count, so its result depends on how the tokens fall into micro-batches. `dapo` divides by
-/// the token count of the whole step, which the caller passes in [`LossNormalizer`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LossType {
-    /// Per-sequence token mean, then mean over sequences (GRPO, DeepSeekMath). Tokens of short
-    /// completions weigh more: biased towards short right answers and long wrong ones.
-    Grpo,
-    /// Token mean over the micro-batch (named after BNPO, "Beta Normalization Policy
-    /// Optimization", arXiv:2506.02864; TRL's `bnpo` is only its batch-token normalisation).
-    Bnpo,
-    /// Token sum divided by the constant `N * max_completion_length` (Dr. GRPO, "Understanding
-    /// R1-Zero-Like Training: A Critical Perspective", arXiv:2503.20783): no length bias.
-    DrGrpo,
-    /// Token sum divided by the number of completion tokens of the whole optimiser step (DAPO,
-    /// "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", arXiv:2503.14476):
-    /// every token weighs the same. TRL's default.
-    #[default]
-    Dapo,
-}
-
-impl LossType {
-    /// The config names, in declaration order.
-    pub const NAMES: &'static [&'static str] = &["grpo", "bnpo", "dr_grpo", "dapo"];
-
-    /// Every variant, in declaration order.
-    pub const ALL: [LossType; 4] = [
-        LossType::Grpo,
-        LossType::Bnpo,
-        LossType::DrGrpo,
-        LossType::Dapo,
-    ];
-
-    /// The config name (`"grpo"`, `"bnpo"`, `"dr_grpo"`, `"dapo"`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LossType::Grpo => "grpo",
-            LossType::Bnpo => "bnpo",
-            LossType::DrGrpo => "dr_grpo",
-            LossType::Dapo => "dapo",
-        }
-    }
-}
-
-impl fmt::Display for LossType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for LossType {
-    type Err = UnknownVariant;
-
-    /// Parses a config name (case-insensitive, surrounding spaces ignored).
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        let lower = s.trim().to_ascii_lowercase();
-        LossType::ALL
-            .into_iter()
-            .find(|t| t.as_str() == lower)
-            .ok_or_else(|| UnknownVariant::new("loss_type", s, Self::NAMES))
-    }
-}
-
-/// Loss settings (TRL names: `epsilon` is `epsilon_low`).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LossConfig {
-    /// Aggregation over tokens; default `dapo` (TRL's default).
-    pub loss_type: LossType,
-    /// Lower clip: ratios below `1 - epsilon_low` stop pushing down negative-advantage tokens
-    /// (TRL `epsilon`, default 0.2).
-    pub epsilon_low: f64,
-    /// Upper clip: ratios above `1 + epsilon_high` stop pushing up positive-advantage tokens
-    /// (TRL `epsilon_high`, defaults to `epsilon`; DAPO recommends 0.28).
-    pub epsilon_high: f64,
-    /// Weight of the k3 KL penalty to the reference policy; 0 (TRL's default) needs no
-    /// reference log-probs. DeepSeek-R1 used 0.001, the GRPO paper 0.04.
-    pub beta: f64,
-    /// Longest completion in tokens; the `dr_grpo` normaliser. Must be >= the `T` of the inputs
-    /// to mean what Dr. GRPO means (not checked: TRL does not check it either).
-    pub max_completion_length: usize,
-}
-
-impl Default for LossConfig {
-    fn default() -> Self {
-        LossConfig {
-            loss_type: LossType::Dapo,
-            epsilon_low: 0.2,
-            epsilon_high: 0.2,
-            beta: 0.0,
-            max_completion_length: 512,
-        }
-    }
-}
-
-impl LossConfig {
-    /// Checks `epsilon_low, epsilon_high >= 0`, `beta >= 0` (all finite) and
-    /// `max_completion_length >= 1`. A huge epsilon (e.g. 1e9) turns clipping off.
-    pub fn validate(&self) -> std::result::Result<(), ConfigError> {
-        for (k, v) in [
-            ("epsilon", self.epsilon_low),
-            ("epsilon_high", self.epsilon_high),
-            ("beta", self.beta),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(ConfigError::Invalid(format!(
-                    "{k} = {v} must be finite and >= 0"
-                )));
-            }
-        }
-        if self.max_completion_length == 0 {
-            return Err(ConfigError::Invalid(
-                "max_completion_length must be >= 1".into(),
-            ));
-        }
-        Ok(())
-    }
-}
+use super::entropy_mask::high_entropy_mask;
+pub use super::loss_config::{ImportanceSamplingLevel, LossConfig, LossType, Reduction};
 
 /// What the loss is normalised by beyond the micro-batch itself.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LossNormalizer {
     /// Micro-batches per optimiser step (TRL `current_gradient_accumulation_steps`; 1 in eval).
-    /// Divides `grpo`, `bnpo` and `dr_grpo`; `dapo` ignores it.
+    /// Divides `grpo`, `bnpo`, `dr_grpo` and `sapo`; `dapo` and `cispo` ignore it.
     pub accumulation_steps: usize,
-    /// `dapo` only: the number of active completion tokens (`sum mask`) of the whole optimiser
-    /// step, summed over all its accumulation micro-batches (and processes). TRL computes it per
-    /// generation batch and rescales by `accumulation_steps / steps_per_generation`, which is
-    /// the same number in the usual `steps_per_generation == gradient_accumulation_steps` setup.
-    /// Clamped to at least 1.
+    /// `dapo` and `cispo` only: the number of active completion tokens (`sum mask`) of the
+    /// whole optimiser step, summed over all its accumulation micro-batches (and processes).
+    /// TRL computes it per generation batch and rescales by `accumulation_steps /
+    /// steps_per_generation`, which is the same number in the usual `steps_per_generation ==
+    /// gradient_accumulation_steps` setup. Clamped to at least 1.
     pub num_items_in_batch: f64,
 }
 
@@ -200,23 +68,43 @@ pub struct LossInputs<'a> {
     pub advantages: &'a Tensor,
     /// `[N, T]` 1 for completion tokens that count, 0 for padding (and tool output).
     pub mask: &'a Tensor,
-    /// Accumulation steps and, for `dapo`, the step's token count.
+    /// `[N, T]` per-token entropies of the policy's distributions (no gradient); required iff
+    /// `top_entropy_quantile < 1`, ignored otherwise.
+    pub entropies: Option<&'a Tensor>,
+    /// Accumulation steps and, for `dapo` and `cispo`, the step's token count.
     pub normalizer: LossNormalizer,
 }
 
-/// Diagnostics of one loss call; masked means over the micro-batch's tokens (TRL's metrics
-/// before their cross-process reduction), each `sum(x * mask) / max(sum mask, 1)`.
+/// The clip fractions of the clipped-surrogate types (TRL `clip_ratio/*_mean`), from the ratio
+/// after the `delta` cap, as TRL computes them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClipStats {
+    /// Fraction with `r < 1 - eps_low` and `A < 0` (TRL `clip_ratio/low_mean`).
+    pub low: f64,
+    /// Fraction with `r > 1 + eps_high` and `A > 0` (TRL `clip_ratio/high_mean`).
+    pub high: f64,
+    /// `low + high`: clipped, so no policy gradient (TRL `clip_ratio/region_mean`).
+    pub region: f64,
+}
+
+/// Diagnostics of one loss call (TRL's metrics before their cross-process reduction). Token
+/// means are `sum(x * mask) / max(sum mask, 1)`; the ratio fractions are such token means at
+/// token level, and means over the rows (all of them, as TRL's `global_masked_mean` of a
+/// `(B, 1)` tensor) at sequence level with one advantage per row: see `ratio_count`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LossStats {
-    /// Mean k3 KL to the reference policy (TRL `kl`); `None` when `beta == 0`.
+    /// Token mean of the KL term (k3, times the ratio under `use_bias_correction_kl`; TRL
+    /// `kl`); `None` when `beta == 0`.
     pub kl: Option<f64>,
-    /// Fraction of tokens with `r < 1 - eps_low` and `A < 0` (TRL `clip_ratio/low_mean`).
-    pub clip_low: f64,
-    /// Fraction of tokens with `r > 1 + eps_high` and `A > 0` (TRL `clip_ratio/high_mean`).
-    pub clip_high: f64,
-    /// `clip_low + clip_high`: tokens whose surrogate is clipped and so get no policy gradient
-    /// (TRL `clip_ratio/region_mean`).
-    pub clip_region: f64,
+    /// Clip fractions; `Some` for the clipped-surrogate types (`grpo`, `bnpo`, `dr_grpo`,
+    /// `dapo`).
+    pub clip: Option<ClipStats>,
+    /// `cispo` only: fraction with `r > epsilon_high` and `A > 0`, whose weight is capped (TRL
+    /// `cispo_clip_ratio`).
+    pub cispo_clip_ratio: Option<f64>,
+    /// What the ratio fractions average over: active tokens, or rows at sequence level; the
+    /// weight to combine micro-batches with.
+    pub ratio_count: f64,
     /// Number of active tokens, `sum mask`.
     pub tokens: f64,
 }
@@ -240,18 +128,79 @@ pub fn masked_mean_per_row(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
     x.mul(&mask)?.sum(1)?.div(&lens)
 }
 
-/// The GRPO loss of one micro-batch (shapes in [`LossInputs`]; the formula and the
-/// aggregations in the module docs and [`LossType`]).
+/// The importance ratio, differentiable: `[N, T]` per token, or `[N, 1]` per row at sequence
+/// level (TRL `coef_1`, `grpo_trainer.py:3083-3095`).
+fn importance_ratio(
+    logp: &Tensor,
+    old: &Tensor,
+    mask: &Tensor,
+    level: ImportanceSamplingLevel,
+) -> Result<Tensor> {
+    let log_ratio = logp.sub(old)?;
+    match level {
+        ImportanceSamplingLevel::Token => log_ratio.exp(),
+        ImportanceSamplingLevel::Sequence => {
+            let lens = mask.sum_keepdim(1)?.maximum(1.0)?;
+            log_ratio.mul(mask)?.sum_keepdim(1)?.div(&lens)?.exp()
+        }
+    }
+}
+
+/// `-min(rd A, clip(r) A)` with `rd = min(r, delta)` (TRL `grpo_trainer.py:3112-3120`), all
+/// `[N, T]`. Written as a choice between the two branches so that the gradient is exactly
+/// torch's: the chosen branch's, `-A r` where it is `r` itself and 0 where it is a constant;
+/// at a tie both branches have the same gradient (torch's `clamp` passes it at the bounds).
+fn clipped_surrogate(ratio: &Tensor, adv: &Tensor, cfg: &LossConfig) -> Result<Tensor> {
+    let (lo, hi) = (1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high);
+    let outside = ratio.lt(lo)?.add(&ratio.gt(hi)?)?; // disjoint: lo <= 1 <= hi
+    let clipped = outside.where_cond(&ratio.detach().clamp(lo, hi)?, ratio)?;
+    let capped = match cfg.delta {
+        Some(d) => ratio
+            .gt(d)?
+            .where_cond(&ratio.detach().minimum(d)?, ratio)?,
+        None => ratio.clone(),
+    };
+    // A > 0 takes the smaller coefficient, A <= 0 the larger (A = 0 contributes nothing).
+    let take_capped = adv
+        .gt(0.0)?
+        .where_cond(&capped.le(&clipped)?, &capped.ge(&clipped)?)?;
+    take_capped.where_cond(&capped, &clipped)?.mul(adv)?.neg()
+}
+
+/// SAPO's soft gate `-sigmoid(tau (r - 1)) * 4 / tau * A` (TRL `grpo_trainer.py:3121-3124`),
+/// with `tau = sapo_temperature_pos` where `A > 0`, else `sapo_temperature_neg`; `[N, T]`.
+fn sapo_surrogate(ratio: &Tensor, adv: &Tensor, cfg: &LossConfig) -> Result<Tensor> {
+    let pos = adv.gt(0.0)?;
+    let full = |v: f64| Tensor::full(v, adv.dims(), adv.device())?.to_dtype(adv.dtype());
+    let tau = pos.where_cond(
+        &full(cfg.sapo_temperature_pos)?,
+        &full(cfg.sapo_temperature_neg)?,
+    )?;
+    // sigmoid(x) = 1 / (1 + exp(-x)); x >= -tau since r >= 0, so exp(-x) stays finite.
+    let x = ratio.affine(1.0, -1.0)?.mul(&tau)?;
+    let gate = (x.neg()?.exp()? + 1.0)?.recip()?;
+    gate.mul(&tau.recip()?.affine(4.0, 0.0)?)?.mul(adv)?.neg()
+}
+
+/// The high-entropy mask of [`super::entropy_mask`] as a `[N, T]` tensor of `dtype`.
+fn entropy_mask_tensor(entropies: &Tensor, mask: &Tensor, top_q: f64) -> Result<Tensor> {
+    let flat =
+        |x: &Tensor| -> Result<Vec<f64>> { x.to_dtype(DType::F64)?.flatten_all()?.to_vec1() };
+    let keep = high_entropy_mask(&flat(entropies)?, &flat(mask)?, top_q);
+    Tensor::from_vec(keep, mask.dims(), mask.device())?.to_dtype(mask.dtype())
+}
+
+/// The GRPO loss of one micro-batch (shapes in [`LossInputs`]; the formulas in the module docs
+/// and [`LossType`]).
 ///
 /// Computes in the dtype of `logp` (f32 in training; f64 works too), converting the other
-/// inputs to it. The surrogate is written as `-A * where(clipped, clip(r).detach(), r)` with
-/// `clipped` TRL's `is_region_clipped` (`r < 1 - eps_low, A < 0` or `r > 1 + eps_high, A > 0`):
-/// the same value as `-min(r A, clip(r) A)`, and the same gradient, `-r A` where not clipped and
-/// 0 where clipped, also exactly at the clip bounds, where candle's `min`/`clamp` would split
-/// the gradient of a tie in halves.
+/// inputs to it. The clipped surrogate's gradient is exactly torch's, also at the clip bounds
+/// (see `clipped_surrogate`), where candle's `min`/`clamp` would split the gradient of a tie
+/// in halves. The entropy mask multiplies the policy term only (TRL: before the KL is added).
 ///
-/// Errors on shape mismatches, on `beta != 0` without `ref_logp`, on `accumulation_steps == 0`,
-/// on an empty batch and on `max_completion_length == 0`.
+/// Errors on shape mismatches, on `beta != 0` without `ref_logp`, on `top_entropy_quantile < 1`
+/// without `entropies`, on `accumulation_steps == 0`, on an empty batch and on
+/// `max_completion_length == 0`.
 pub fn grpo_loss(inp: &LossInputs, cfg: &LossConfig) -> Result<LossOutput> {
     let logp = inp.logp;
     let dtype = logp.dtype();
@@ -273,34 +222,24 @@ pub fn grpo_loss(inp: &LossInputs, cfg: &LossConfig) -> Result<LossOutput> {
     if cfg.max_completion_length == 0 {
         bail!("grpo_loss: max_completion_length must be >= 1");
     }
-    let adv = match inp.advantages.dims() {
-        [a] if *a == n => inp
-            .advantages
-            .to_dtype(dtype)?
-            .reshape((n, 1))?
-            .broadcast_as((n, t))?,
-        [a, b] if *a == n && *b == t => inp.advantages.to_dtype(dtype)?,
+    let (adv, per_row_adv) = match inp.advantages.dims() {
+        [a] if *a == n => (inp.advantages.to_dtype(dtype)?.reshape((n, 1))?, true),
+        [a, b] if *a == n && *b == t => (inp.advantages.to_dtype(dtype)?, false),
         d => bail!(
             "grpo_loss: advantages is {d:?}, expected [{n}] (one per completion) or [{n}, {t}] \
              (one per token)"
         ),
     };
+    let adv_full = adv.broadcast_as((n, t))?;
     let old = match inp.old_logp {
         Some(o) => same("old_logp", o)?.detach(),
         None => logp.detach(),
     };
 
-    // Clipped surrogate.
-    let ratio = logp.sub(&old)?.exp()?;
-    let (lo, hi) = (1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high);
-    let low = ratio.lt(lo)?.mul(&adv.lt(0.0)?)?; // u8 indicators
-    let high = ratio.gt(hi)?.mul(&adv.gt(0.0)?)?;
-    let region = low.add(&high)?; // disjoint: A < 0 vs A > 0
-    let clipped = ratio.detach().clamp(lo, hi)?;
-    let coef = region.where_cond(&clipped, &ratio)?;
-    let mut per_token = coef.mul(&adv)?.neg()?;
+    let ratio = importance_ratio(logp, &old, &mask, cfg.importance_sampling_level)?;
+    let ratio_full = ratio.broadcast_as((n, t))?;
 
-    // k3 KL to the reference policy.
+    // k3 KL to the reference policy, optionally times the ratio (TRL grpo_trainer.py:3098-3105).
     let kl = if cfg.beta != 0.0 {
         let Some(r) = inp.ref_logp else {
             bail!(
@@ -310,40 +249,148 @@ pub fn grpo_loss(inp: &LossInputs, cfg: &LossConfig) -> Result<LossOutput> {
             );
         };
         let d = same("ref_logp", r)?.detach().sub(logp)?;
-        let kl = ((d.exp()? - &d)? - 1.0)?;
-        per_token = (per_token + kl.affine(cfg.beta, 0.0)?)?;
-        Some(kl)
+        let k3 = ((d.exp()? - &d)? - 1.0)?;
+        Some(if cfg.use_bias_correction_kl {
+            k3.mul(&ratio_full)?
+        } else {
+            k3
+        })
     } else {
         None
     };
 
-    let tokens = scalar(&mask.sum_all()?)?;
-    let masked_sum = || per_token.mul(&mask)?.sum_all();
-    let k = norm.accumulation_steps as f64;
-    let loss = match cfg.loss_type {
-        LossType::Grpo => masked_mean_per_row(&per_token, &mask)?
-            .mean(0)?
-            .affine(1.0 / k, 0.0)?,
-        LossType::Bnpo => masked_sum()?.affine(1.0 / (tokens.max(1.0) * k), 0.0)?,
-        LossType::DrGrpo => {
-            let denom = (n * cfg.max_completion_length) as f64 * k;
-            masked_sum()?.affine(1.0 / denom, 0.0)?
+    let mut per_token = match cfg.loss_type {
+        LossType::Grpo | LossType::Bnpo | LossType::DrGrpo | LossType::Dapo => {
+            clipped_surrogate(&ratio_full, &adv_full, cfg)?
         }
-        LossType::Dapo => masked_sum()?.affine(1.0 / norm.num_items_in_batch.max(1.0), 0.0)?,
+        LossType::Cispo => {
+            let weight = ratio_full.detach().minimum(cfg.epsilon_high)?;
+            weight.mul(&adv_full)?.mul(logp)?.neg()?
+        }
+        LossType::Sapo => sapo_surrogate(&ratio_full, &adv_full, cfg)?,
     };
+    if cfg.top_entropy_quantile < 1.0 {
+        let Some(e) = inp.entropies else {
+            bail!(
+                "grpo_loss: top_entropy_quantile = {} needs the per-token entropies; pass \
+                 them, or set top_entropy_quantile = 1.0",
+                cfg.top_entropy_quantile
+            );
+        };
+        let e = same("entropies", e)?;
+        per_token = per_token.mul(&entropy_mask_tensor(&e, &mask, cfg.top_entropy_quantile)?)?;
+    }
+    if let Some(kl) = &kl {
+        per_token = (per_token + kl.affine(cfg.beta, 0.0)?)?;
+    }
 
+    let tokens = scalar(&mask.sum_all()?)?;
+    let loss = reduce(&per_token, &mask, cfg, norm, tokens)?;
+    let sequence_stats =
+        cfg.importance_sampling_level == ImportanceSamplingLevel::Sequence && per_row_adv;
+    let stats = ratio_stats(&ratio, &adv, &mask, cfg, sequence_stats)?;
     let denom = tokens.max(1.0);
-    let masked_mean = |x: &Tensor| -> Result<f64> {
-        Ok(scalar(&x.detach().to_dtype(dtype)?.mul(&mask)?.sum_all()?)? / denom)
+    let kl = match &kl {
+        Some(k) => Some(scalar(&k.detach().mul(&mask)?.sum_all()?)? / denom),
+        None => None,
     };
-    let stats = LossStats {
-        kl: kl.as_ref().map(masked_mean).transpose()?,
-        clip_low: masked_mean(&low)?,
-        clip_high: masked_mean(&high)?,
-        clip_region: masked_mean(&region)?,
-        tokens,
+    Ok(LossOutput {
+        loss,
+        stats: LossStats {
+            kl,
+            tokens,
+            ..stats
+        },
+    })
+}
+
+/// The masked per-token losses reduced to the micro-batch's loss (TRL
+/// `grpo_trainer.py:3153-3176`).
+fn reduce(
+    per_token: &Tensor,
+    mask: &Tensor,
+    cfg: &LossConfig,
+    norm: LossNormalizer,
+    tokens: f64,
+) -> Result<Tensor> {
+    let n = per_token.dim(0)?;
+    let masked_sum = || per_token.mul(mask)?.sum_all();
+    let k = norm.accumulation_steps as f64;
+    match cfg.loss_type.reduction() {
+        Reduction::SequenceMean => masked_mean_per_row(per_token, mask)?
+            .mean(0)?
+            .affine(1.0 / k, 0.0),
+        Reduction::MicroBatchTokenMean => masked_sum()?.affine(1.0 / (tokens.max(1.0) * k), 0.0),
+        Reduction::ConstantNormalized => {
+            let denom = (n * cfg.max_completion_length) as f64 * k;
+            masked_sum()?.affine(1.0 / denom, 0.0)
+        }
+        Reduction::StepTokenMean => {
+            masked_sum()?.affine(1.0 / norm.num_items_in_batch.max(1.0), 0.0)
+        }
+    }
+}
+
+/// The ratio fractions (TRL `grpo_trainer.py:3254-3288`): from `ratio` (`[N, T]`, or `[N, 1]`
+/// at sequence level) and `adv` (`[N, 1]` or `[N, T]`); with `per_row` (sequence level, one
+/// advantage per row) means over the `N` rows, else token means over `mask`. `kl` and `tokens`
+/// are left for the caller (0 / None here).
+fn ratio_stats(
+    ratio: &Tensor,
+    adv: &Tensor,
+    mask: &Tensor,
+    cfg: &LossConfig,
+    per_row: bool,
+) -> Result<LossStats> {
+    let (n, t) = mask.dims2()?;
+    let (ratio, adv) = if per_row {
+        (ratio.detach(), adv.clone())
+    } else {
+        (
+            ratio.detach().broadcast_as((n, t))?.contiguous()?,
+            adv.broadcast_as((n, t))?.contiguous()?,
+        )
     };
-    Ok(LossOutput { loss, stats })
+    let count = if per_row {
+        n as f64
+    } else {
+        scalar(&mask.sum_all()?)?
+    };
+    let frac = |ind: &Tensor| -> Result<f64> {
+        let ind = ind.to_dtype(mask.dtype())?;
+        let s = if per_row {
+            ind.sum_all()?
+        } else {
+            ind.mul(mask)?.sum_all()?
+        };
+        Ok(scalar(&s)? / count.max(1.0))
+    };
+    let (pos, neg) = (adv.gt(0.0)?, adv.lt(0.0)?);
+    let mut stats = LossStats {
+        kl: None,
+        clip: None,
+        cispo_clip_ratio: None,
+        ratio_count: count,
+        tokens: 0.0,
+    };
+    if cfg.loss_type.is_clipped_surrogate() {
+        let capped = match cfg.delta {
+            Some(d) => ratio.minimum(d)?,
+            None => ratio,
+        };
+        let low = capped.lt(1.0 - cfg.epsilon_low)?.mul(&neg)?;
+        let high = capped.gt(1.0 + cfg.epsilon_high)?.mul(&pos)?;
+        let region = low.add(&high)?; // disjoint: A < 0 vs A > 0
+        stats.clip = Some(ClipStats {
+            low: frac(&low)?,
+            high: frac(&high)?,
+            region: frac(&region)?,
+        });
+    } else if cfg.loss_type == LossType::Cispo {
+        let capped = ratio.gt(cfg.epsilon_high)?.mul(&pos)?;
+        stats.cispo_clip_ratio = Some(frac(&capped)?);
+    }
+    Ok(stats)
 }
 
 /// A scalar tensor as f64.
@@ -376,6 +423,7 @@ mod tests {
             epsilon_high: 0.2,
             beta: 0.0,
             max_completion_length: 4,
+            ..Default::default()
         };
         let run = |adv: &Tensor| {
             let inp = LossInputs {
@@ -384,6 +432,7 @@ mod tests {
                 ref_logp: None,
                 advantages: adv,
                 mask: &mask,
+                entropies: None,
                 normalizer: LossNormalizer::single(5.0),
             };
             let out = grpo_loss(&inp, &cfg).unwrap();
@@ -409,6 +458,7 @@ mod tests {
             ref_logp: None,
             advantages: &bad,
             mask: &mask,
+            entropies: None,
             normalizer: LossNormalizer::single(5.0),
         };
         let e = grpo_loss(&inp, &cfg).unwrap_err().to_string();
@@ -429,6 +479,7 @@ mod tests {
                 ref_logp: None,
                 advantages: &adv,
                 mask: &mask,
+                entropies: None,
                 normalizer: LossNormalizer {
                     accumulation_steps: 2,
                     num_items_in_batch: 4.0,
@@ -448,7 +499,85 @@ mod tests {
         let b = 2.0 / 1.0 / 4.0;
         assert_eq!(g, vec![vec![a, a, a], vec![b, 0.0, 0.0]]);
         assert_eq!(out.stats.kl, None);
-        assert_eq!((out.stats.clip_region, out.stats.tokens), (0.0, 4.0));
+        assert_eq!(
+            (out.stats.clip.unwrap().region, out.stats.tokens),
+            (0.0, 4.0)
+        );
+    }
+
+    /// The gradient of `[N, T]` logp under `cfg`, with `old` and advantages `adv`.
+    fn grad_of(cfg: &LossConfig, logp: &[f32], old: &[f32], adv: &[f32]) -> Vec<f32> {
+        let n = adv.len();
+        let t = logp.len() / n;
+        let lp = Var::from_tensor(&t2(logp, n, t)).unwrap();
+        let old = t2(old, n, t);
+        let adv = Tensor::from_slice(adv, n, &Device::Cpu).unwrap();
+        let mask = t2(&vec![1.0; n * t], n, t);
+        let out = grpo_loss(
+            &LossInputs {
+                logp: lp.as_tensor(),
+                old_logp: Some(&old),
+                ref_logp: None,
+                advantages: &adv,
+                mask: &mask,
+                entropies: None,
+                normalizer: LossNormalizer::single((n * t) as f64),
+            },
+            cfg,
+        )
+        .unwrap();
+        let g = out.loss.backward().unwrap();
+        g.get(&lp)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
+    }
+
+    /// A token whose ratio ran past `1 + epsilon_high` with `A > 0`: PPO's clip stops its
+    /// gradient, CISPO keeps it (weight `min(r, eps_max)`); a token with `A < 0` whose ratio ran
+    /// past `delta` loses its gradient only under two-sided clipping. On-policy, SAPO's
+    /// gradient is PPO's (`-A / tokens`).
+    #[test]
+    fn cispo_keeps_clipped_gradients_delta_caps_and_sapo_is_ppo_on_policy() {
+        let r = 1.6f32.ln(); // ratio 1.6
+        let (logp, old) = ([r, 0.0], [0.0, 0.0]);
+        let dapo = LossConfig::default();
+        assert_eq!(grad_of(&dapo, &logp, &old, &[1.0])[0], 0.0);
+        let cispo = LossConfig {
+            loss_type: LossType::Cispo,
+            epsilon_high: 5.0,
+            ..dapo
+        };
+        let g = grad_of(&cispo, &logp, &old, &[1.0]);
+        assert!(
+            (g[0] + 1.6 / 2.0).abs() < 1e-6 && (g[1] + 0.5).abs() < 1e-6,
+            "{g:?}"
+        );
+        let g = grad_of(&dapo, &logp, &old, &[-1.0]);
+        assert!((g[0] - 1.6 / 2.0).abs() < 1e-6, "{g:?}");
+        let two_sided = LossConfig {
+            delta: Some(1.5),
+            ..dapo
+        };
+        assert_eq!(grad_of(&two_sided, &logp, &old, &[-1.0])[0], 0.0);
+        let sapo = LossConfig {
+            loss_type: LossType::Sapo,
+            ..dapo
+        };
+        let on = [-1.0, -2.0];
+        let g_sapo = grad_of(&sapo, &on, &on, &[0.7]);
+        let g_grpo = grad_of(
+            &LossConfig {
+                loss_type: LossType::Grpo,
+                ..dapo
+            },
+            &on,
+            &on,
+            &[0.7],
+        );
+        assert_eq!(g_sapo, g_grpo);
     }
 
     #[test]
@@ -462,6 +591,7 @@ mod tests {
             ref_logp: None,
             advantages: &adv,
             mask: &mask,
+            entropies: None,
             normalizer: LossNormalizer::single(6.0),
         };
         let kl_cfg = LossConfig {
@@ -470,6 +600,12 @@ mod tests {
         };
         let e = grpo_loss(&inp, &kl_cfg).unwrap_err().to_string();
         assert!(e.contains("needs ref_logp"), "{e}");
+        let mask_cfg = LossConfig {
+            top_entropy_quantile: 0.2,
+            ..Default::default()
+        };
+        let e = grpo_loss(&inp, &mask_cfg).unwrap_err().to_string();
+        assert!(e.contains("needs the per-token entropies"), "{e}");
         let bad_mask = t2(&[1.0; 6], 3, 2);
         let e = grpo_loss(
             &LossInputs {
@@ -516,27 +652,5 @@ mod tests {
             .to_vec1::<f32>()
             .unwrap();
         assert_eq!(r, vec![2.0, 0.0]);
-    }
-
-    #[test]
-    fn names_parse_and_serialise() {
-        for lt in LossType::ALL {
-            assert_eq!(lt.as_str().parse::<LossType>().unwrap(), lt);
-            let json = serde_json::to_string(&lt).unwrap();
-            assert_eq!(json, format!("\"{lt}\""));
-            assert_eq!(serde_json::from_str::<LossType>(&json).unwrap(), lt);
-        }
-        assert_eq!("DR_GRPO".parse::<LossType>(), Ok(LossType::DrGrpo));
-        let e = "drgrpo".parse::<LossType>().unwrap_err().to_string();
-        assert!(
-            e.contains("unknown loss_type `drgrpo`")
-                && e.contains("did you mean `dr_grpo`?")
-                && e.contains("grpo, bnpo, dr_grpo, dapo"),
-            "{e}"
-        );
-        let cfg: LossConfig = serde_json::from_str(r#"{"loss_type": "dr_grpo"}"#).unwrap();
-        assert_eq!(cfg.loss_type, LossType::DrGrpo);
-        assert!(cfg.validate().is_ok());
-        assert!(LossConfig { beta: -1.0, ..cfg }.validate().is_err());
     }
 }

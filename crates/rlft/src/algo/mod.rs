@@ -9,9 +9,15 @@
 //!
 //! - [`advantage`]: group-relative advantages, `A_i = (r_i - mean(group)) / (std + eps)` with the
 //!   scaling chosen by [`ScaleRewards`] (GRPO, DeepSeekMath; Dr. GRPO drops the std).
-//! - [`loss`]: the PPO-style clipped surrogate with an optional k3 KL penalty to a reference
-//!   policy, aggregated over tokens as [`LossType`] says (GRPO, BNPO, Dr. GRPO, DAPO).
-//! - [`loop_ref`]: the same two computations as plain scalar loops in `f64`, with the analytic
+//!   Several reward functions are combined as [`MultiObjectiveAggregation`] says (TRL 1.16's
+//!   `sum_then_normalize`, or GDPO's `normalize_then_sum`); a completion no function could
+//!   score (every function answered `None`) gets advantage 0 and stays out of the statistics.
+//! - [`loss`]: TRL 1.16's policy loss: a ratio per token or per completion
+//!   ([`ImportanceSamplingLevel`], GSPO), PPO's clipped surrogate (with `delta`'s two-sided
+//!   clip), CISPO or SAPO ([`LossType`]), the high-entropy token mask ([`entropy_mask`]), an
+//!   optional k3 KL penalty (with the ratio's bias correction), aggregated over tokens as
+//!   [`LossType`] says (GRPO, BNPO, Dr. GRPO, DAPO); its settings in [`loss_config`].
+//! - [`loop_ref`]: the same computations as plain scalar loops in `f64`, with the analytic
 //!   gradient of the loss; the tests check the vectorised code against it.
 //!
 //! Papers:
@@ -23,23 +29,36 @@
 //!   arXiv:2503.14476 (token-level loss, asymmetric "clip-higher").
 //! - BNPO: Xiao et al., "BNPO: Beta Normalization Policy Optimization" (2025), arXiv:2506.02864
 //!   (TRL's `bnpo` is its batch-token normalisation, without the Beta-distribution weighting).
+//! - GSPO: Zheng et al., "Group Sequence Policy Optimization" (2025), arXiv:2507.18071.
+//! - CISPO: MiniMax, "MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning
+//!   Attention" (2025), arXiv:2506.13585; its `eps_max` from ScaleRL, arXiv:2510.13786.
+//! - SAPO: Gao et al., "Soft Adaptive Policy Optimization" (2025), arXiv:2511.20347.
+//! - Two-sided clipping (`delta`): Prime Intellect, "INTELLECT-2" (2025), arXiv:2505.07291.
+//! - High-entropy tokens: Wang et al., "Beyond the 80/20 Rule" (2025), arXiv:2506.01939.
+//! - GDPO (`normalize_then_sum`): arXiv:2601.05242.
+//! - KL bias correction: DeepSeek-AI, "DeepSeek-V3.2" (2025), arXiv:2512.02556.
 //! - The k3 KL estimator: J. Schulman, "Approximating KL Divergence" (2020), as used by GRPO.
 
 pub mod advantage;
+pub mod entropy_mask;
 pub mod estimators;
 pub mod loop_ref;
 pub mod loss;
+pub mod loss_config;
 pub mod rloo_loss;
 pub mod value_loss;
 
-pub use advantage::{compute_advantages, AdvantageConfig, Advantages, ScaleRewards};
+pub use advantage::{
+    compute_advantages, multi_reward_advantages, AdvantageConfig, Advantages,
+    MultiObjectiveAggregation, ScaleRewards,
+};
 pub use estimators::{
     estimate, Estimate, Estimator, EstimatorConfig, EstimatorInputs, KlEstimator,
 };
 pub use loss::{
-    grpo_loss, masked_mean_per_row, LossConfig, LossInputs, LossNormalizer, LossOutput, LossStats,
-    LossType,
+    grpo_loss, masked_mean_per_row, ClipStats, LossInputs, LossNormalizer, LossOutput, LossStats,
 };
+pub use loss_config::{ImportanceSamplingLevel, LossConfig, LossType};
 
 /// A variant name (`scale_rewards`, `loss_type`) that is not one of the valid ones.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

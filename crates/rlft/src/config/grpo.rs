@@ -27,7 +27,10 @@ use serde::{Deserialize, Serialize};
 use super::args::TrainingArgs;
 use super::online::{EstimatorSettings, ONLINE_ALIASES};
 use super::{ConfigError, TrainerConfig};
-use crate::algo::{AdvantageConfig, LossConfig, LossType, ScaleRewards};
+use crate::algo::{
+    AdvantageConfig, ImportanceSamplingLevel, LossConfig, LossType, MultiObjectiveAggregation,
+    ScaleRewards,
+};
 use crate::data::LengthPolicy;
 
 /// How eval completions are decoded (`eval_decoding`).
@@ -81,10 +84,32 @@ pub struct GrpoConfig {
     pub epsilon_high: Option<f64>,
     /// Optimisation passes over each rollout (PPO epochs); > 1 keeps old log-probs.
     pub num_iterations: usize,
-    /// Loss aggregation: "grpo" (token mean per sequence, then mean), "bnpo" (token mean over
-    /// the micro-batch), "dr_grpo" (sum / (completions x max_completion_length)), "dapo" (token
-    /// mean over the whole optimiser step; TRL's default).
+    /// Loss: "grpo" (token mean per sequence, then mean), "bnpo" (token mean over the
+    /// micro-batch), "dr_grpo" (sum / (completions x max_completion_length)), "dapo" (token
+    /// mean over the whole optimiser step; TRL's default), "cispo" (MiniMax-M1: the ratio,
+    /// capped at epsilon_high and detached, weights -A logp; dapo's mean), "sapo" (a soft
+    /// sigmoid gate instead of the hard clip; grpo's mean).
     pub loss_type: LossType,
+    /// Importance ratio per "token" (TRL's default) or per "sequence" (GSPO: exp of the
+    /// completion's mean log-ratio, one per completion; pair it with loss_type = "grpo").
+    pub importance_sampling_level: ImportanceSamplingLevel,
+    /// Two-sided clipping (INTELLECT-2): the unclipped ratio is also capped at delta (> 1,
+    /// recommended above 1 + epsilon_high); unset = off (TRL). Clipped losses only.
+    pub delta: Option<f64>,
+    /// "sapo": gate temperature of tokens with positive advantage (TRL 1.0).
+    pub sapo_temperature_pos: f64,
+    /// "sapo": gate temperature of tokens with advantage <= 0 (TRL 1.05).
+    pub sapo_temperature_neg: f64,
+    /// Only the tokens in the top quantile of entropy of each micro-batch carry the policy
+    /// loss (1.0 = every token, TRL's default; the paper uses 0.2).
+    pub top_entropy_quantile: f64,
+    /// Multiply the KL term by the importance ratio: the unbiased KL gradient of DeepSeek-V3.2
+    /// (TRL 1.16's default, true). Only with beta > 0.
+    pub use_bias_correction_kl: bool,
+    /// Several reward functions: "sum_then_normalize" (weighted sum, then group advantages;
+    /// TRL's default) or "normalize_then_sum" (GDPO: each reward standardised in its group,
+    /// then summed, then standardised over the rollout).
+    pub multi_objective_aggregation: MultiObjectiveAggregation,
     /// Advantage scaling: "group" (divide by the group's std), "batch" (by the rollout's std),
     /// "none" (Dr. GRPO: only subtract the group mean).
     pub scale_rewards: ScaleRewards,
@@ -144,6 +169,13 @@ impl Default for GrpoConfig {
             epsilon_high: None,
             num_iterations: 1,
             loss_type: LossType::Dapo,
+            importance_sampling_level: ImportanceSamplingLevel::Token,
+            delta: None,
+            sapo_temperature_pos: 1.0,
+            sapo_temperature_neg: 1.05,
+            top_entropy_quantile: 1.0,
+            use_bias_correction_kl: true,
+            multi_objective_aggregation: MultiObjectiveAggregation::SumThenNormalize,
             scale_rewards: ScaleRewards::Group,
             advantage_epsilon: 1e-4,
             advantage_clip: 0.0,
@@ -179,6 +211,13 @@ pub const GRPO_KEYS: &[&str] = &[
     "epsilon_high",
     "num_iterations",
     "loss_type",
+    "importance_sampling_level",
+    "delta",
+    "sapo_temperature_pos",
+    "sapo_temperature_neg",
+    "top_entropy_quantile",
+    "use_bias_correction_kl",
+    "multi_objective_aggregation",
     "scale_rewards",
     "advantage_epsilon",
     "advantage_clip",
@@ -400,16 +439,30 @@ impl GrpoConfig {
         }
     }
 
-    /// The loss settings (`loss_type`, `epsilon`, `epsilon_high`, `beta`).
+    /// The loss settings (`loss_type`, `epsilon`, `epsilon_high`, `beta` and TRL 1.16's
+    /// `importance_sampling_level`, `delta`, `sapo_temperature_*`, `top_entropy_quantile`,
+    /// `use_bias_correction_kl`).
     pub fn loss_config(&self) -> LossConfig {
         LossConfig {
             loss_type: self.loss_type,
             epsilon_low: self.epsilon,
             epsilon_high: self.epsilon_high(),
+            delta: self.delta,
+            importance_sampling_level: self.importance_sampling_level,
+            sapo_temperature_pos: self.sapo_temperature_pos,
+            sapo_temperature_neg: self.sapo_temperature_neg,
+            top_entropy_quantile: self.top_entropy_quantile,
             // The other estimators put the KL into the reward instead.
             beta: if self.kl_in_reward() { 0.0 } else { self.beta },
+            use_bias_correction_kl: self.use_bias_correction_kl,
             max_completion_length: self.max_completion_length,
         }
+    }
+
+    /// Settings that run but are likely not what was meant, for the trainer to print (TRL
+    /// warns about the same).
+    pub fn warnings(&self) -> Vec<String> {
+        self.loss_config().warnings()
     }
 
     /// Upper clip range.
@@ -494,7 +547,23 @@ impl GrpoConfig {
         if self.advantage_epsilon < 0.0 || self.advantage_clip < 0.0 {
             return bad("advantage_epsilon and advantage_clip must be >= 0".into());
         }
-        Ok(())
+        self.check_loss_options()
+    }
+
+    /// TRL 1.16's loss and reward-aggregation options ([`LossConfig::validate`]).
+    fn check_loss_options(&self) -> Result<(), ConfigError> {
+        if self.multi_objective_aggregation == MultiObjectiveAggregation::NormalizeThenSum
+            && self.scale_rewards != ScaleRewards::Group
+        {
+            return Err(ConfigError::Invalid(format!(
+                "scale_rewards = \"{}\" has no effect with multi_objective_aggregation = \
+                 \"normalize_then_sum\", which standardises each reward in its group and the sum \
+                 over the rollout (TRL ignores scale_rewards there); remove scale_rewards, or use \
+                 multi_objective_aggregation = \"sum_then_normalize\"",
+                self.scale_rewards
+            )));
+        }
+        self.loss_config().validate()
     }
 
     /// The rollout must be a whole number of groups and of train batches.
@@ -557,6 +626,7 @@ mod tests {
                 ..GrpoConfig::default().args
             },
             epsilon_high: Some(0.28),
+            delta: Some(4.0),
             reward_weights: Some(vec![1.0]),
             estimator: EstimatorSettings {
                 reward_clip_range: Some([0.0, 1.0]),

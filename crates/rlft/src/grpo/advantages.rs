@@ -5,7 +5,11 @@
 use candle_core::{Device, Tensor};
 
 use crate::algo::estimators::token_kl;
-use crate::algo::{compute_advantages, estimate, Estimate, Estimator, EstimatorInputs};
+use rlft_rewards::Scores;
+
+use crate::algo::{
+    compute_advantages, estimate, multi_reward_advantages, Estimate, Estimator, EstimatorInputs,
+};
 use crate::config::grpo::GrpoConfig;
 use crate::error::Result;
 use crate::rollout::{pad_rows, Sample};
@@ -89,6 +93,9 @@ pub fn shaped_rewards(cfg: &GrpoConfig, samples: &[Sample], total: &[f64]) -> Ve
 
 /// The advantages of a rollout.
 ///
+/// - `scored`: the reward functions' scores and weights; `group_norm` without reward shaping
+///   reads them per function (`multi_objective_aggregation`, `None` scores as TRL's NaN);
+///   every estimator gives completions that no function could score advantage 0;
 /// - `rewards`: `[N]` shaped rewards ([`shaped_rewards`]), groups of `num_generations`;
 /// - `old`, `reference`: `[N][len_i]` sampling-policy and reference log-probs, given when the
 ///   KL enters the reward (`beta > 0`, every estimator but `group_norm`);
@@ -96,6 +103,7 @@ pub fn shaped_rewards(cfg: &GrpoConfig, samples: &[Sample], total: &[f64]) -> Ve
 pub fn estimate_rollout(
     cfg: &GrpoConfig,
     samples: &[Sample],
+    scored: (&Scores, &[f64]),
     rewards: &[f64],
     old: Option<&[Vec<f32>]>,
     reference: Option<&[Vec<f32>]>,
@@ -103,7 +111,24 @@ pub fn estimate_rollout(
 ) -> Estimated {
     let g = cfg.num_generations;
     let est = cfg.estimator.advantage_estimator;
-    let groups = compute_advantages(rewards, g, &cfg.advantage_config());
+    let (scores, weights) = scored;
+    let e = &cfg.estimator;
+    let groups = if e.reward_clip_range.is_none() && e.missing_eos_penalty.is_none() {
+        let per_function: Vec<&[Option<f64>]> =
+            scores.per_function.iter().map(|f| &f.scores[..]).collect();
+        multi_reward_advantages(
+            &per_function,
+            weights,
+            g,
+            cfg.multi_objective_aggregation,
+            &cfg.advantage_config(),
+        )
+    } else {
+        compute_advantages(rewards, g, &cfg.advantage_config())
+    };
+    let unscored: Vec<usize> = (0..samples.len())
+        .filter(|&i| !scores.is_scored(i))
+        .collect();
     let (group_std, frac_zero_std) = if g > 1 {
         (groups.group_std, Some(groups.frac_zero_std))
     } else {
@@ -153,7 +178,7 @@ pub fn estimate_rollout(
         values: values.as_deref(),
         lens: &lens,
     };
-    let (advantages, returns) = match estimate(&inp, &cfg.estimator_config()) {
+    let (mut advantages, returns) = match estimate(&inp, &cfg.estimator_config()) {
         Estimate::PerSequence(a) => (Advantage::PerSequence(a), None),
         Estimate::PerToken {
             advantages,
@@ -167,6 +192,13 @@ pub fn estimate_rollout(
             (Advantage::PerToken(advantages), Some(returns))
         }
     };
+    // No signal from a completion nothing could score (TRL zeroes its advantage too).
+    for &i in &unscored {
+        match &mut advantages {
+            Advantage::PerSequence(a) => a[i] = 0.0,
+            Advantage::PerToken(a) => a[i].iter_mut().for_each(|x| *x = 0.0),
+        }
+    }
     Estimated {
         advantages,
         returns,

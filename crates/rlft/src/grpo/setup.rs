@@ -183,6 +183,9 @@ pub fn prepare(cfg: &GrpoConfig, model_path: &Path, device: &Device) -> Result<P
     let eval = eval_prompts(cfg, &policy.text)?;
     let plan = cfg.plan(train.len());
     eprintln!("{plan}; {}", setup::trainable_summary(&policy));
+    for w in cfg.warnings() {
+        eprintln!("warning: {w}");
+    }
     if cfg.beta > 0.0 {
         eprintln!(
             "reference model: {}",

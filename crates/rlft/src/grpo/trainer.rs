@@ -197,6 +197,7 @@ impl Algorithm for Grpo<'_> {
         let cfg = self.cfg;
         let (samples, scores, sampling_metrics) = self.sample(policy, data, at, times)?;
         let rewards = shaped_rewards(cfg, &samples, &scores.total);
+        let weights = self.rewards.weights().to_vec();
         let needs = super::setup::passes(cfg, &self.plan);
         let passes = NoGradPasses {
             policy: &policy.model,
@@ -222,6 +223,7 @@ impl Algorithm for Grpo<'_> {
             Ok(estimate_rollout(
                 cfg,
                 &samples,
+                (&scores, &weights[..]),
                 &rewards,
                 old.as_deref(),
                 reference.as_deref(),
@@ -323,6 +325,7 @@ impl Algorithm for Grpo<'_> {
                     ref_logp: pass.reference.as_ref(),
                     advantages: &adv,
                     mask: &pass.mask,
+                    entropies: pass.entropies.as_ref(),
                     normalizer: LossNormalizer {
                         accumulation_steps: cfg.args.gradient_accumulation_steps,
                         num_items_in_batch: num_items.max(1) as f64,
@@ -330,10 +333,15 @@ impl Algorithm for Grpo<'_> {
                 },
                 &cfg.loss_config(),
             )?;
-            let ntok = out.stats.tokens;
-            stats.add("clip_ratio/low_mean", out.stats.clip_low, ntok);
-            stats.add("clip_ratio/high_mean", out.stats.clip_high, ntok);
-            stats.add("clip_ratio/region_mean", out.stats.clip_region, ntok);
+            let (ntok, nratio) = (out.stats.tokens, out.stats.ratio_count);
+            if let Some(c) = out.stats.clip {
+                stats.add("clip_ratio/low_mean", c.low, nratio);
+                stats.add("clip_ratio/high_mean", c.high, nratio);
+                stats.add("clip_ratio/region_mean", c.region, nratio);
+            }
+            if let Some(c) = out.stats.cispo_clip_ratio {
+                stats.add("cispo_clip_ratio", c, nratio);
+            }
             if let Some(kl) = out.stats.kl {
                 stats.add("kl", kl, ntok);
             }

@@ -413,6 +413,9 @@ pub struct PolicyPass {
     pub reference: Option<Tensor>,
     /// Mean token entropy over `mask` (None without counted tokens).
     pub entropy: Option<f64>,
+    /// `[n, Tc]` per-token entropies (detached), when asked for: what an entropy mask
+    /// (`top_entropy_quantile`) selects tokens by.
+    pub entropies: Option<Tensor>,
     /// Input tokens that are not padding.
     pub num_tokens: usize,
 }
@@ -469,6 +472,7 @@ pub fn policy_pass(
         reference: pad(m.reference)?,
         mask,
         entropy,
+        entropies: sb.entropy,
         num_tokens: sb.num_tokens,
     })
 }

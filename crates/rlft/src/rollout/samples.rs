@@ -2,7 +2,8 @@
 //! eval), so a run can be read as text, not just curves.
 //!
 //! One object per line: `{"step", "split", "prompt", "completion", "reward", "rewards": {"<fn>":
-//! x, "<fn>/<part>": y}, "advantage", "completion_tokens", "truncated"}`. On resume the lines
+//! x, "<fn>/<part>": y}, "advantage", "completion_tokens", "truncated"}` (`reward` is `null` for
+//! a completion no reward function scored). On resume the lines
 //! past the checkpoint's step are dropped (they will be written again).
 
 use std::fs::{File, OpenOptions};
@@ -39,8 +40,8 @@ pub struct LoggedSample<'a> {
     pub prompt: &'a str,
     /// Completion text.
     pub completion: &'a str,
-    /// Weighted total reward.
-    pub reward: f64,
+    /// Weighted total reward; `None` (written as `null`) when no function scored it.
+    pub reward: Option<f64>,
     /// Per-function scores and parts.
     pub rewards: Vec<(String, f64)>,
     /// Advantage (training only).
@@ -71,7 +72,7 @@ pub fn pick<'a>(
                 split,
                 prompt: &items[s.prompt].text,
                 completion: &s.text,
-                reward: scores.total[i],
+                reward: scores.is_scored(i).then_some(scores.total[i]),
                 rewards: sample_reward_parts(names, scores, i),
                 advantage: advantages.map(|a| a[i]),
                 completion_tokens: s.completion_ids.len(),
@@ -121,7 +122,7 @@ impl SampleLog {
             o.insert("split".into(), Value::from(s.split));
             o.insert("prompt".into(), Value::from(s.prompt));
             o.insert("completion".into(), Value::from(s.completion));
-            o.insert("reward".into(), num(s.reward));
+            o.insert("reward".into(), s.reward.map_or(Value::Null, num));
             let mut r = Map::new();
             for (k, v) in &s.rewards {
                 r.insert(k.clone(), num(*v));
@@ -150,7 +151,7 @@ mod tests {
             split: "train",
             prompt: "p",
             completion: c,
-            reward: f64::NAN,
+            reward: (c != "a").then_some(f64::NAN),
             rewards: vec![("acc".into(), 1.0)],
             advantage: Some(0.5),
             completion_tokens: 3,
@@ -169,6 +170,7 @@ mod tests {
             .collect();
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[1]["completion"], "c");
-        assert_eq!(lines[0]["reward"], "NaN");
+        assert_eq!(lines[0]["reward"], Value::Null);
+        assert_eq!(lines[1]["reward"], "NaN");
     }
 }

@@ -17,8 +17,10 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
     (m, var.sqrt())
 }
 
-/// Reward metrics of one rollout: `reward`, `reward_std` (mean of the group stds, as TRL
-/// logs it), `rewards/<fn>/mean|std` (over the samples where the function applies),
+/// Reward metrics of one rollout: `reward` (mean over the scored samples: an unscorable one,
+/// every function `None`, stays out, as TRL's `nanmean`), `reward_std` (mean of the group
+/// stds that are defined, i.e. of groups with two or more scored samples),
+/// `rewards/<fn>/mean|std` (over the samples where the function applies),
 /// `rewards/<fn>/<part>/mean`, and `failures/<fn>` when a function fell back to its default.
 /// `prefix` is "" for training and "eval/" for eval.
 pub fn reward_metrics(
@@ -28,12 +30,22 @@ pub fn reward_metrics(
     group_std: &[f64],
 ) -> Metrics {
     let mut out = Metrics::new();
-    let (m, _) = mean_std(&scores.total);
+    let totals: Vec<f64> = scores
+        .totals()
+        .into_iter()
+        .map(|t| t.unwrap_or(f64::NAN))
+        .collect();
+    let (m, _) = mean_std(&totals);
     out.push((format!("{prefix}reward"), m));
-    if !group_std.is_empty() {
+    let stds: Vec<f64> = group_std
+        .iter()
+        .copied()
+        .filter(|s| s.is_finite())
+        .collect();
+    if !stds.is_empty() {
         out.push((
             format!("{prefix}reward_std"),
-            group_std.iter().sum::<f64>() / group_std.len() as f64,
+            stds.iter().sum::<f64>() / stds.len() as f64,
         ));
     }
     for (name, f) in names.iter().zip(&scores.per_function) {
