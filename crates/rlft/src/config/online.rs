@@ -176,7 +176,7 @@ impl GrpoConfig {
             }
         }
         if let Some([lo, hi]) = e.reward_clip_range {
-            if !(lo < hi) {
+            if lo.partial_cmp(&hi) != Some(std::cmp::Ordering::Less) {
                 return bad(format!(
                     "reward_clip_range = [{lo}, {hi}] must be [low, high] with low < high"
                 ));
