@@ -236,6 +236,7 @@ fn grpo(micro: usize, share: bool, beta: bool) -> RunShape {
             share_prompts: share,
             temperature_scaled: false,
             eval: None,
+            critic: None,
         }),
     }
 }
