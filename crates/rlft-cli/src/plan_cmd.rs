@@ -117,7 +117,10 @@ fn detect(table: &toml::Table) -> Result<Trainer> {
 fn detect_online_or_sft(keys: &[&str]) -> Result<Trainer> {
     let grpo_only = |k: &str| {
         (GRPO_KEYS.contains(&k) && !SFT_KEYS.contains(&k))
-            || ALIASES.iter().chain(ONLINE_ALIASES).any(|(a, _, _)| *a == k)
+            || ALIASES
+                .iter()
+                .chain(ONLINE_ALIASES)
+                .any(|(a, _, _)| *a == k)
             || matches!(
                 k,
                 "rollout_batch_size" | "train_batch_size" | "num_mini_batches"
@@ -571,7 +574,10 @@ mod tests {
     #[test]
     fn detects_the_trainer_from_keys() {
         let t = |s: &str| detect(&table(s));
-        assert_eq!(t("num_generations = 4\ndataset = 'd'").unwrap(), Trainer::Grpo);
+        assert_eq!(
+            t("num_generations = 4\ndataset = 'd'").unwrap(),
+            Trainer::Grpo
+        );
         assert_eq!(t("rollout_batch_size = 2").unwrap(), Trainer::Grpo);
         assert_eq!(t("max_length = 64\nuse_peft = true").unwrap(), Trainer::Sft);
         let e = t("dataset = 'd'\nlearning_rate = 1e-5").unwrap_err();
@@ -587,7 +593,10 @@ mod tests {
         );
         assert_eq!(t("kl_coef = 0.0\nvf_coef = 0.1").unwrap(), Trainer::Ppo);
         assert_eq!(t("normalize_advantages = false").unwrap(), Trainer::Rloo);
-        assert_eq!(t("kl_coef = 0.05\nnum_generations = 4").unwrap(), Trainer::Grpo);
+        assert_eq!(
+            t("kl_coef = 0.05\nnum_generations = 4").unwrap(),
+            Trainer::Grpo
+        );
     }
 
     #[test]

@@ -538,7 +538,10 @@ pub fn activations(
         HeadKernel::Score => {
             // [rows, 1] scores in the run's dtype, their f32 cast and the masked values; the
             // backward's [rows, hidden] input gradient.
-            (Sized::one(r * (act_bytes + 8)), Sized::one(r * h * act_bytes))
+            (
+                Sized::one(r * (act_bytes + 8)),
+                Sized::one(r * h * act_bytes),
+            )
         }
     };
     push(

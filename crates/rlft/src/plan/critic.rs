@@ -151,7 +151,10 @@ pub fn components(
             fresh_bytes: 0,
         };
     let (load, load_detail) = if full && weights.bytes > file.bytes {
-        (weights, "loaded weights while their trainable copies are made".into())
+        (
+            weights,
+            "loaded weights while their trainable copies are made".into(),
+        )
     } else {
         (
             file,
@@ -178,7 +181,9 @@ pub fn components(
         "critic trainable copies",
         adapters,
         match &run.tuning {
-            Tuning::Full => "full fine-tuning: the critic's weights are its trainable copies".into(),
+            Tuning::Full => {
+                "full fine-tuning: the critic's weights are its trainable copies".into()
+            }
             Tuning::Lora(l) => format!(
                 "its own LoRA adapters, r={} on {} modules x {} layers, x f32 (the head trains \
                  in place)",
@@ -203,7 +208,10 @@ pub fn components(
         "critic_optimizer",
         "critic optimizer state",
         state + state,
-        format!("AdamW m, v (the policy's optimizer): 2 x {} x f32", count(t)),
+        format!(
+            "AdamW m, v (the policy's optimizer): 2 x {} x f32",
+            count(t)
+        ),
         &AFTER_LOAD,
     );
     let grad_state = tensors(&grad_elems, 4);
@@ -212,7 +220,10 @@ pub fn components(
     let (grads, grads_detail) = if run.accumulation == 1 && grad_bytes == 4 {
         (
             grad_state,
-            format!("one micro-batch: its grads {} x f32 are the sums", count(tg)),
+            format!(
+                "one micro-batch: its grads {} x f32 are the sums",
+                count(tg)
+            ),
         )
     } else {
         (

@@ -1047,9 +1047,7 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
     let present: Vec<Phase> = ALL
         .into_iter()
         .filter(|ph| match ph {
-            Phase::CriticLoad | Phase::Values | Phase::CriticExport => {
-                critic_activations.is_some()
-            }
+            Phase::CriticLoad | Phase::Values | Phase::CriticExport => critic_activations.is_some(),
             Phase::Eval => {
                 matches!(&run.workload, Workload::Grpo(g) if g.eval.is_some())
             }
