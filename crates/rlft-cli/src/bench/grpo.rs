@@ -110,20 +110,9 @@ fn load_config(case: Case, path: &Path, sets: &[String]) -> Result<GrpoConfig> {
     })
 }
 
-/// Runs `steps` steps of the online `case` (grpo, rloo or ppo; the first step is a warm-up,
-/// excluded from the times) and returns the case's result JSON (see [`super::cases`]);
-/// `detail` holds every step's seconds and the per-phase medians. `sets` override config keys
-/// (`key=value`).
-pub fn bench_online(case: Case, model: &Path, steps: usize, sets: &[String]) -> Result<Value> {
-    let t0 = Instant::now();
-    let dir = tempfile::tempdir()?;
-    let data = dir.path().join("prompts.jsonl");
-    let text: String = reference_prompts(64, 0)
-        .iter()
-        .map(|r| format!("{r}\n"))
-        .collect();
-    std::fs::write(&data, text)?;
-    let toml_text = format!(
+/// The case's config: the shared settings of the reference's grpo.py and the case's own keys.
+fn config_text(case: Case, model: &Path, out: &Path, data: &Path, steps: usize) -> String {
+    format!(
         r#"
 model = "{}"
 output_dir = "{}"
@@ -151,10 +140,26 @@ name = "correctness_reward"
 answer_field = "answer"
 "#,
         model.display(),
-        dir.path().join("out").display(),
+        out.display(),
         data.display(),
         case_keys(case)
-    );
+    )
+}
+
+/// Runs `steps` steps of the online `case` (grpo, rloo or ppo; the first step is a warm-up,
+/// excluded from the times) and returns the case's result JSON (see [`super::cases`]);
+/// `detail` holds every step's seconds and the per-phase medians. `sets` override config keys
+/// (`key=value`).
+pub fn bench_online(case: Case, model: &Path, steps: usize, sets: &[String]) -> Result<Value> {
+    let t0 = Instant::now();
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("prompts.jsonl");
+    let text: String = reference_prompts(64, 0)
+        .iter()
+        .map(|r| format!("{r}\n"))
+        .collect();
+    std::fs::write(&data, text)?;
+    let toml_text = config_text(case, model, &dir.path().join("out"), &data, steps);
     let cfg_path = dir.path().join(format!("{}.toml", case.name()));
     std::fs::write(&cfg_path, toml_text)?;
     let cfg = load_config(case, &cfg_path, sets)?;
@@ -208,6 +213,36 @@ mod tests {
         assert_eq!(eval3(2, '*', 3, '+', 4), 10);
         assert_eq!(eval3(2, '-', 3, '-', 4), -5);
         assert_eq!(eval3(2, '*', 3, '*', 4), 24);
+    }
+
+    #[test]
+    fn each_case_runs_its_command_in_the_same_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        let (m, out, data) = (Path::new("m.gguf"), dir.path(), dir.path().join("d.jsonl"));
+        let load = |case: Case| {
+            let path = dir.path().join(format!("{}.toml", case.name()));
+            std::fs::write(&path, config_text(case, m, out, &data, 3)).unwrap();
+            load_config(case, &path, &[]).unwrap()
+        };
+        use rlft::algo::Estimator;
+        for case in [Case::Grpo, Case::Rloo, Case::Ppo] {
+            let c = load(case);
+            let plan = c.plan(64);
+            // Eight completions of <= 32 tokens per step, one optimiser step per rollout.
+            assert_eq!(plan.rollout_completions, 8, "{case:?}");
+            assert_eq!(plan.steps_per_rollout, 1, "{case:?}");
+            assert_eq!((c.max_completion_length, c.beta), (32, 0.001));
+            let want = match case {
+                Case::Rloo => Estimator::Rloo,
+                Case::Ppo => Estimator::Gae,
+                _ => Estimator::GroupNorm,
+            };
+            assert_eq!(c.estimator.advantage_estimator, want);
+            assert_eq!(c.estimator.value_model.is_some(), case == Case::Ppo);
+            assert_eq!(c.num_generations, if case == Case::Ppo { 1 } else { 4 });
+        }
+        // PPO's critic starts from the model itself.
+        assert_eq!(load(Case::Ppo).estimator.value_model.unwrap(), m);
     }
 
     #[test]
