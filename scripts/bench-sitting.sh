@@ -6,7 +6,8 @@
 # RSS, ratio, warnings; the machine, commit and date) is printed and written to
 # $OUT/bench-<UTC time>.json (default OUT=/tmp/rlft-sitting).
 #
-#   ./scripts/bench-sitting.sh [cases...]   cases: generate fwd_bwd lora adamw ref_pass grpo (default all)
+#   ./scripts/bench-sitting.sh [cases...]   cases: generate fwd_bwd lora adamw ref_pass grpo rloo ppo
+#                                           (default all)
 #   REPS=5 ROUNDS=2 ./scripts/bench-sitting.sh fwd_bwd lora
 #
 # ROUNDS (default 3): rlft and the reference alternate that many times per case, each side's

@@ -5,7 +5,8 @@
 #
 #   scripts/plan-check.sh [CASE...]     cases: grpo-lora grpo-full grpo-lora-unshared
 #                                       grpo-lora-unshared-72 grpo-lora-bf16 sft-lora sft-full
-#                                       sft-lora-ckpt grpo-lora-unshared-ckpt (default: all)
+#                                       sft-lora-ckpt grpo-lora-unshared-ckpt ppo-lora rloo-lora
+#                                       (default: all)
 #
 # Build first (cargo build --release). On a shared machine run it under
 # `flock /tmp/rlft-bench.lock`. Work files go to $WORK (default /tmp/rlft-plan-check).
@@ -17,7 +18,7 @@ mkdir -p "$WORK"
 CASES=("$@")
 if [ ${#CASES[@]} -eq 0 ]; then
   CASES=(grpo-lora grpo-full grpo-lora-unshared grpo-lora-unshared-72 grpo-lora-bf16 sft-lora
-    sft-full sft-lora-ckpt grpo-lora-unshared-ckpt)
+    sft-full sft-lora-ckpt grpo-lora-unshared-ckpt ppo-lora rloo-lora)
 fi
 
 "$RLFT" fetch-model >/dev/null
@@ -35,6 +36,8 @@ if [ ! -f "$WORK/sft.jsonl" ]; then
 fi
 
 GRPO=(examples/tiny_python_expr/cpu.toml --set max_steps=2 --set "dataset=$WORK/tpe")
+PPO=(examples/tiny_python_expr/cpu_ppo.toml --set max_steps=2 --set "dataset=$WORK/tpe")
+RLOO=(examples/tiny_python_expr/cpu_rloo.toml --set max_steps=2 --set "dataset=$WORK/tpe")
 SFT=(examples/sft/sft.toml --set max_steps=2 --set "dataset=$WORK/sft.jsonl")
 
 args() {
@@ -54,6 +57,10 @@ args() {
     sft-lora-ckpt) echo sft; printf '%s\n' "${SFT[@]}" --set gradient_checkpointing=true ;;
     grpo-lora-unshared-ckpt) echo grpo; printf '%s\n' "${GRPO[@]}" --set share_prompts=false \
       --set gradient_checkpointing=true ;;
+    # PPO's critic (its own LoRA adapters on a second copy of the model), kl_coef 0.
+    ppo-lora) echo ppo; printf '%s\n' "${PPO[@]}" ;;
+    # RLOO with TRL's beta 0.05: the KL in the reward, so old and reference log-prob passes.
+    rloo-lora) echo rloo; printf '%s\n' "${RLOO[@]}" --set beta=0.05 ;;
     *) echo "unknown case $1" >&2; exit 2 ;;
   esac
 }

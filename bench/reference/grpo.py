@@ -1,5 +1,6 @@
-"""The TRL side of `rlft bench grpo --against-reference`: TRL's GRPOTrainer on the CPU in the
-configuration of rlft's grpo case (`crates/rlft-cli/src/bench/grpo.rs`), float32, full fine-tune:
+"""The TRL side of `rlft bench grpo|rloo --against-reference`: TRL's GRPOTrainer (RLOOTrainer)
+on the CPU in the configuration of rlft's grpo case (`crates/rlft-cli/src/bench/grpo.rs`),
+float32, full fine-tune:
 
 - 64 prompts "Compute the value of the Python expression `EXPR`. Put the final answer in
   \\boxed{}." as chat messages (the model's chat template applies), made by `prompts(64, 0)`
@@ -11,7 +12,13 @@ configuration of rlft's grpo case (`crates/rlft-cli/src/bench/grpo.rs`), float32
 - rewards: format (1 if the completion holds `\\boxed{...}`) and correctness (1 if the boxed
   text, stripped, is the answer), weighted 0.1 / 0.9.
 
-    python grpo.py [--model DIR] [--max-steps 4] [--gradient-checkpointing 0|1] [--out FILE]
+`--trainer rloo` runs TRL's RLOOTrainer in the same configuration (rlft's `rloo` case): the same
+prompts, group of 4, beta 0.001 (RLOO puts the KL in the reward, so every rollout has a no-grad
+pass of the policy and one of the reference, both timed as `ref_logprobs` here), RLOO's defaults
+for the rest (its sequence-level loss, no advantage normalisation).
+
+    python grpo.py [--trainer grpo|rloo] [--model DIR] [--max-steps 4]
+                   [--gradient-checkpointing 0|1] [--out FILE]
 
 Writes a JSON result to --out (and prints it): `step_s` (seconds of every optimizer step, from
 TrainerCallback.on_step_begin to on_step_end: generation, rewards, the reference pass, the policy
@@ -136,6 +143,8 @@ def phase_timer():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trainer", choices=("grpo", "rloo"), default="grpo",
+                    help="TRL's GRPOTrainer or RLOOTrainer")
     ap.add_argument("--model", default=DEFAULT_MODEL, help="HF directory (default: setup.sh's)")
     ap.add_argument("--max-steps", type=int, default=4, help="optimizer steps (the first warms up)")
     ap.add_argument("--gradient-checkpointing", type=int, choices=(0, 1), default=0)
@@ -150,11 +159,13 @@ def main():
     import transformers
     import trl
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
+    Config, Trainer = {"grpo": (GRPOConfig, GRPOTrainer),
+                       "rloo": (RLOOConfig, RLOOTrainer)}[a.trainer]
     torch.set_num_threads(a.threads)
-    work = tempfile.mkdtemp(prefix="rlft-reference-grpo-")
-    cfg = GRPOConfig(
+    work = tempfile.mkdtemp(prefix=f"rlft-reference-{a.trainer}-")
+    cfg = Config(
         output_dir=work,
         num_generations=4,
         per_device_train_batch_size=8,
@@ -175,8 +186,8 @@ def main():
         dataloader_num_workers=0,
     )
     t0 = time.perf_counter()
-    trainer = GRPOTrainer(model=a.model, reward_funcs=[format_reward, correctness_reward],
-                          args=cfg, train_dataset=Dataset.from_list(prompts(64, 0)))
+    trainer = Trainer(model=a.model, reward_funcs=[format_reward, correctness_reward],
+                      args=cfg, train_dataset=Dataset.from_list(prompts(64, 0)))
     timer = phase_timer()
     timer.attach(trainer)
     init_s = time.perf_counter() - t0
@@ -192,9 +203,11 @@ def main():
             "steps_per_generation", "gradient_accumulation_steps", "max_completion_length",
             "learning_rate", "beta", "max_steps", "gradient_checkpointing", "loss_type",
             "scale_rewards", "num_iterations", "temperature", "top_k", "top_p", "reward_weights",
-            "optim", "weight_decay", "lr_scheduler_type", "max_grad_norm", "epsilon"]
+            "optim", "weight_decay", "lr_scheduler_type", "max_grad_norm", "epsilon",
+            "normalize_advantages"]
     phases = sorted({k for p in timer.phases for k in p})
     result = {
+        "trainer": Trainer.__name__,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "trl": trl.__version__},
         "torch_threads": torch.get_num_threads(),

@@ -1,18 +1,20 @@
-//! `rlft plan [grpo|sft] --config X.toml`: the predicted peak memory (RSS) of a run, before it
-//! starts, by component and phase; whether it fits in this machine's available memory, and if
-//! not, the config changes that make it fit (`rlft::plan`).
+//! `rlft plan [grpo|rloo|ppo|sft] --config X.toml`: the predicted peak memory (RSS) of a run,
+//! before it starts, by component and phase (PPO's critic as components of its own); whether it
+//! fits in this machine's available memory, and if not, the config changes that make it fit
+//! (`rlft::plan`).
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use rlft::config::grpo::{GrpoConfig, ALIASES, GRPO_KEYS};
+use rlft::config::online::{PpoConfig, RlooConfig, ONLINE_ALIASES};
 use rlft::config::sft::{SftConfig, SFT_KEYS};
 use rlft::config::{apply_overrides, read_table, TrainerConfig};
 use rlft::plan::inputs::{GrpoLengths, LengthSource, SftLengths};
 use rlft::plan::{
-    count, estimate, grpo_lengths, run_shape_grpo, run_shape_sft, sft_lengths, suggest,
-    Environment, ModelDims, Plan, RunShape, Suggestion, Tuning, Workload,
+    count, critic_shape, estimate, grpo_lengths, run_shape_grpo, run_shape_sft, sft_lengths,
+    suggest, CriticShape, Environment, ModelDims, Plan, RunShape, Suggestion, Tuning, Workload,
 };
 use serde_json::json;
 
@@ -31,15 +33,33 @@ const BUDGET_SHARE: f64 = 0.9;
 pub enum Trainer {
     /// `rlft grpo` configs.
     Grpo,
+    /// `rlft rloo` configs (RLOO's defaults: beta 0.05, 2 generations).
+    Rloo,
+    /// `rlft ppo` configs (PPO's defaults; the critic starts from `model`).
+    Ppo,
     /// `rlft sft` configs.
     Sft,
+}
+
+impl Trainer {
+    /// The command's name.
+    fn name(self) -> &'static str {
+        match self {
+            Trainer::Grpo => "grpo",
+            Trainer::Rloo => "rloo",
+            Trainer::Ppo => "ppo",
+            Trainer::Sft => "sft",
+        }
+    }
 }
 
 /// `rlft plan`.
 #[derive(Args, Debug)]
 pub struct PlanArgs {
-    /// The trainer the config is for; default: told apart by its keys (GRPO has
-    /// num_generations, rewards, max_completion_length...; SFT has max_length, eval_size...).
+    /// The trainer the config is for (its defaults apply); default: told apart by its keys
+    /// (SFT has max_length, eval_size...; the online ones num_generations, rewards...; among
+    /// those, `advantage_estimator = "gae"` or a critic key such as vf_coef or value_model is
+    /// ppo, `advantage_estimator = "rloo"` or normalize_advantages is rloo, the rest grpo).
     #[arg(value_enum)]
     pub trainer: Option<Trainer>,
     /// The run's TOML config.
@@ -60,12 +80,51 @@ pub struct PlanArgs {
     pub json: bool,
 }
 
-/// Tells GRPO and SFT configs apart by the (top-level) keys only one of them has.
-fn detect(keys: &[&str]) -> Result<Trainer> {
+/// Keys only PPO's critic reads (canonical and aliases): a config with one is for `rlft ppo`.
+const CRITIC_KEYS: &[&str] = &[
+    "value_model",
+    "critic_pretrain",
+    "vf_coef",
+    "cliprange_value",
+    "value_clip",
+    "whiten_rewards",
+    "lam",
+    "lambd",
+];
+
+/// Tells the trainers apart by the (top-level) keys only some have, and the online configs by
+/// their estimator (`advantage_estimator`, else a critic key for PPO, `normalize_advantages`
+/// for RLOO).
+fn detect(table: &toml::Table) -> Result<Trainer> {
+    let keys: Vec<&str> = table.keys().map(String::as_str).collect();
+    let online = detect_online_or_sft(&keys)?;
+    if online == Trainer::Sft {
+        return Ok(online);
+    }
+    let estimator = table.get("advantage_estimator").and_then(|v| v.as_str());
+    Ok(match estimator {
+        Some("gae") => Trainer::Ppo,
+        Some("rloo") => Trainer::Rloo,
+        Some(_) => Trainer::Grpo,
+        None if keys.iter().any(|k| CRITIC_KEYS.contains(k)) => Trainer::Ppo,
+        None if keys.contains(&"normalize_advantages") => Trainer::Rloo,
+        None => Trainer::Grpo,
+    })
+}
+
+/// Tells the online (GRPO, RLOO, PPO: answered as `Grpo`) and SFT configs apart by the keys
+/// only one of them has.
+fn detect_online_or_sft(keys: &[&str]) -> Result<Trainer> {
     let grpo_only = |k: &str| {
         (GRPO_KEYS.contains(&k) && !SFT_KEYS.contains(&k))
-            || ALIASES.iter().any(|(a, _, _)| *a == k)
-            || matches!(k, "rollout_batch_size" | "train_batch_size")
+            || ALIASES
+                .iter()
+                .chain(ONLINE_ALIASES)
+                .any(|(a, _, _)| *a == k)
+            || matches!(
+                k,
+                "rollout_batch_size" | "train_batch_size" | "num_mini_batches"
+            )
     };
     let sft_only = |k: &str| SFT_KEYS.contains(&k) && !GRPO_KEYS.contains(&k);
     let g: Vec<&str> = keys.iter().copied().filter(|k| grpo_only(k)).collect();
@@ -74,12 +133,13 @@ fn detect(keys: &[&str]) -> Result<Trainer> {
         (false, true) => Ok(Trainer::Grpo),
         (true, false) => Ok(Trainer::Sft),
         (true, true) => bail!(
-            "cannot tell whether this is a GRPO or an SFT config (no key only one of them has); \
-             say which: `rlft plan grpo --config ...` or `rlft plan sft --config ...`"
+            "cannot tell whether this is a GRPO (RLOO, PPO) or an SFT config (no key only one of \
+             them has); say which: `rlft plan grpo --config ...` (or rloo, ppo) or `rlft plan \
+             sft --config ...`"
         ),
         (false, false) => bail!(
             "the config has GRPO keys ({}) and SFT keys ({}); say which trainer it is for: \
-             `rlft plan grpo --config ...` or `rlft plan sft --config ...`",
+             `rlft plan grpo --config ...` (or rloo, ppo) or `rlft plan sft --config ...`",
             g.join(", "),
             s.join(", ")
         ),
@@ -132,12 +192,17 @@ pub fn run(a: PlanArgs) -> Result<()> {
     apply_overrides(&mut table, &a.set)?;
     let trainer = match a.trainer {
         Some(t) => t,
-        None => detect(&table.keys().map(String::as_str).collect::<Vec<_>>())?,
+        None => detect(&table)?,
     };
     let mut notes: Vec<String> = Vec::new();
     let (run, lengths, model_path, meta) = match trainer {
-        Trainer::Grpo => {
-            let cfg = GrpoConfig::load(&a.config, &a.set)?;
+        Trainer::Grpo | Trainer::Rloo | Trainer::Ppo => {
+            // The command's own defaults (RLOO's beta and group size, PPO's critic...).
+            let cfg = match trainer {
+                Trainer::Rloo => RlooConfig::load(&a.config, &a.set)?.0,
+                Trainer::Ppo => PpoConfig::load(&a.config, &a.set)?.0,
+                _ => GrpoConfig::load(&a.config, &a.set)?,
+            };
             let (model_path, meta) = model(&cfg.args.model)?;
             let l = match grpo_lengths(&cfg, &meta.text, !a.worst_case) {
                 Ok(l) => l,
@@ -148,8 +213,23 @@ pub fn run(a: PlanArgs) -> Result<()> {
                     grpo_lengths(&cfg, &meta.text, false)?
                 }
             };
+            let critic = match critic_shape(&cfg, &meta) {
+                Ok(c) => c,
+                Err(e) => {
+                    notes.push(format!(
+                        "the value model could not be read ({e}); planned the critic as a copy \
+                         of the policy's model"
+                    ));
+                    Some(CriticShape {
+                        dims: ModelDims::from_config(&meta.config),
+                        headless: false,
+                        source_file_bytes: meta.largest_file_bytes,
+                        decode_block_bytes: meta.decode_block_bytes,
+                    })
+                }
+            };
             (
-                run_shape_grpo(&cfg, &l)?,
+                run_shape_grpo(&cfg, &l, critic)?,
                 Lengths::Grpo(l),
                 model_path,
                 meta,
@@ -193,7 +273,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     if a.json {
         let v = json!({
             "config": a.config,
-            "trainer": match trainer { Trainer::Grpo => "grpo", Trainer::Sft => "sft" },
+            "trainer": trainer.name(),
             "model": {
                 "path": model_path,
                 "dims": dims,
@@ -260,10 +340,7 @@ fn print_text(
     suggestions: &[Suggestion],
     notes: &[String],
 ) {
-    let name = match trainer {
-        Trainer::Grpo => "GRPO",
-        Trainer::Sft => "SFT",
-    };
+    let name = trainer.name().to_uppercase();
     println!(
         "rlft plan: {} ({name}, {}, CPU)",
         a.config.display(),
@@ -314,6 +391,21 @@ fn print_text(
                     String::new()
                 }
             );
+            if let Some(k) = &g.critic {
+                println!(
+                    "critic: {} layers, hidden {}, {} parameters{}, trained as the policy is \
+                     ({}); a value pass per rollout and a forward + backward per micro-batch",
+                    k.dims.layers,
+                    k.dims.hidden,
+                    count(k.parameters()),
+                    if k.headless {
+                        " (a sequence-classification model)"
+                    } else {
+                        ""
+                    },
+                    tuning_text(run)
+                );
+            }
         }
         (Lengths::Sft(l), Workload::Sft(_)) => println!(
             "shapes: examples {} tokens ({}); micro-batch {} x {} accumulation",
@@ -329,9 +421,12 @@ fn print_text(
     }
     println!();
     let phase_list = |c: &rlft::plan::Component| -> String {
+        use rlft::plan::Phase;
         if c.phases.len() >= 5 {
-            if c.phases.contains(&rlft::plan::Phase::Load) {
+            if c.phases.contains(&Phase::Load) {
                 "all".into()
+            } else if c.phases.contains(&Phase::CriticLoad) {
+                "from critic_load".into()
             } else {
                 "all but load".into()
             }
@@ -355,15 +450,19 @@ fn print_text(
             phase_list(c),
             c.detail
         );
-        if c.key == "activations" {
-            let acts = &plan.activations;
+        let acts = match c.key {
+            "activations" => Some(&plan.activations),
+            "critic_activations" => plan.critic_activations.as_ref(),
+            _ => None,
+        };
+        if let Some(acts) = acts {
             let per_token: usize = acts.layer_tensors.iter().map(|t| t.bytes_per_token).sum();
             println!(
                 "  {:<42} {:>8.1}  {:<22} {} layers x {:.1} KiB per token{}",
                 "layers",
                 mib(acts.layers.bytes),
                 "",
-                dims.layers,
+                acts.layer_count,
                 per_token as f64 / 1024.0,
                 if acts.layer_tensors.iter().any(|t| t.bytes_per_score > 0) {
                     " + attention scores"
@@ -468,17 +567,49 @@ fn print_text(
 mod tests {
     use super::*;
 
+    fn table(text: &str) -> toml::Table {
+        text.parse().unwrap()
+    }
+
     #[test]
     fn detects_the_trainer_from_keys() {
+        let t = |s: &str| detect(&table(s));
         assert_eq!(
-            detect(&["num_generations", "dataset"]).unwrap(),
+            t("num_generations = 4\ndataset = 'd'").unwrap(),
             Trainer::Grpo
         );
-        assert_eq!(detect(&["rollout_batch_size"]).unwrap(), Trainer::Grpo);
-        assert_eq!(detect(&["max_length", "use_peft"]).unwrap(), Trainer::Sft);
-        let e = detect(&["dataset", "learning_rate"]).unwrap_err();
+        assert_eq!(t("rollout_batch_size = 2").unwrap(), Trainer::Grpo);
+        assert_eq!(t("max_length = 64\nuse_peft = true").unwrap(), Trainer::Sft);
+        let e = t("dataset = 'd'\nlearning_rate = 1e-5").unwrap_err();
         assert!(e.to_string().contains("rlft plan grpo"), "{e}");
-        let e = detect(&["max_length", "beta"]).unwrap_err();
+        let e = t("max_length = 64\nbeta = 0.1").unwrap_err();
         assert!(e.to_string().contains("beta") && e.to_string().contains("max_length"));
+        // The online family: the estimator, else a critic key (ppo) or RLOO's own key.
+        assert_eq!(t("advantage_estimator = 'gae'").unwrap(), Trainer::Ppo);
+        assert_eq!(t("advantage_estimator = 'rloo'").unwrap(), Trainer::Rloo);
+        assert_eq!(
+            t("advantage_estimator = 'reinforce_baseline'\nvf_coef = 0.1").unwrap(),
+            Trainer::Grpo
+        );
+        assert_eq!(t("kl_coef = 0.0\nvf_coef = 0.1").unwrap(), Trainer::Ppo);
+        assert_eq!(t("normalize_advantages = false").unwrap(), Trainer::Rloo);
+        assert_eq!(
+            t("kl_coef = 0.05\nnum_generations = 4").unwrap(),
+            Trainer::Grpo
+        );
+    }
+
+    #[test]
+    fn detects_the_example_configs() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        for (file, want) in [
+            ("cpu.toml", Trainer::Grpo),
+            ("cpu_rloo.toml", Trainer::Rloo),
+            ("cpu_ppo.toml", Trainer::Ppo),
+            ("cpu_reinforce_baseline.toml", Trainer::Grpo),
+        ] {
+            let path = root.join("examples/tiny_python_expr").join(file);
+            assert_eq!(detect(&read_table(&path).unwrap()).unwrap(), want, "{file}");
+        }
     }
 }

@@ -8,7 +8,8 @@
 //! with a KL reference (weights, reference copy, AdamW state, gradients) on micro-batches of
 //! 8 x ~80 tokens, so the baseline is under 10% of the peak; it checks the total and the
 //! increase over the predicted baseline, both within 15%. Two steps (the peak needs AdamW's
-//! state touched by a first step), about ten seconds in release mode.
+//! state touched by a first step), about ten seconds in release mode. The same for PPO, whose
+//! critic (a second copy of the model, trained beside the policy) the plan counts too.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -48,7 +49,9 @@ fn model(dir: &Path) -> String {
     p.display().to_string()
 }
 
-fn config(dir: &Path) -> std::path::PathBuf {
+/// The test config: GRPO, or with `ppo` PPO's (one completion per prompt, a critic: `vf_coef`
+/// tells `rlft plan` it is a PPO config).
+fn config(dir: &Path, ppo: bool) -> std::path::PathBuf {
     let data = dir.join("prompts.jsonl");
     let mut s = String::new();
     for i in 0..8 {
@@ -64,7 +67,7 @@ output_dir = "{}"
 dataset = "{}"
 max_prompt_length = 64
 max_completion_length = 48
-num_generations = 4
+{}
 per_device_train_batch_size = 8
 gradient_accumulation_steps = 1
 learning_rate = 1e-5
@@ -80,7 +83,12 @@ pattern = "[a-z]"
 "#,
         model(dir),
         dir.join("out").display(),
-        data.display()
+        data.display(),
+        if ppo {
+            "num_generations = 1\nvf_coef = 0.1"
+        } else {
+            "num_generations = 4"
+        }
     );
     let cfg = dir.join("grpo.toml");
     std::fs::write(&cfg, text).unwrap();
@@ -89,20 +97,27 @@ pattern = "[a-z]"
 
 #[test]
 fn predicted_peak_is_within_15_percent_of_a_run() {
-    let plain = check_prediction(&[]);
+    let plain = check_prediction("grpo", &[]);
     // Activation checkpointing: fewer activations predicted, and the prediction still holds.
-    let ckpt = check_prediction(&["--set", "gradient_checkpointing=true"]);
+    let ckpt = check_prediction("grpo", &["--set", "gradient_checkpointing=true"]);
     assert!(
         ckpt < 0.5 * plain,
         "activations {ckpt:.1} vs {plain:.1} MiB"
     );
 }
 
-/// Plans and runs the test config with `sets`; checks the prediction, returns the predicted
-/// activations (MiB).
-fn check_prediction(sets: &[&str]) -> f64 {
+/// PPO: a critic as large as the policy (its weights, AdamW state, gradients, value pass and
+/// activations) beside a policy that takes 4 optimiser steps per rollout (an old-policy pass).
+#[test]
+fn predicted_ppo_peak_is_within_15_percent_of_a_run() {
+    check_prediction("ppo", &[]);
+}
+
+/// Plans and runs the test config for `trainer` (grpo or ppo) with `sets`; checks the
+/// prediction, returns the predicted activations (MiB).
+fn check_prediction(trainer: &str, sets: &[&str]) -> f64 {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = config(tmp.path());
+    let cfg = config(tmp.path(), trainer == "ppo");
     let cfg_s = cfg.to_str().unwrap();
     let with =
         |args: &[&str]| -> Vec<String> { args.iter().chain(sets).map(|s| s.to_string()).collect() };
@@ -112,7 +127,7 @@ fn check_prediction(sets: &[&str]) -> f64 {
     };
     let plan: Value = serde_json::from_str(&ok(&rlft_with(&["plan", "--config", cfg_s, "--json"])))
         .expect("plan JSON");
-    assert_eq!(plan["trainer"], "grpo");
+    assert_eq!(plan["trainer"], trainer);
     let mib = |b: &Value| b.as_u64().unwrap() as f64 / (1u64 << 20) as f64;
     let predicted = mib(&plan["total_bytes"]);
     let components = plan["plan"]["components"].as_array().unwrap();
@@ -127,6 +142,12 @@ fn check_prediction(sets: &[&str]) -> f64 {
     // Full fine-tuning with beta > 0: a reference copy as large as the weights.
     assert_eq!(bytes("reference"), bytes("weights"));
     assert!(bytes("activations") > 0.0);
+    if trainer == "ppo" {
+        // The critic starts from the policy's model: its weights and a [1, hidden] head.
+        let head = 512.0 * 4.0 / (1u64 << 20) as f64;
+        assert!((bytes("critic_weights") - bytes("weights") - head).abs() < 1e-9);
+        assert!(bytes("critic_activations") > 0.0 && bytes("critic_values") > 0.0);
+    }
     assert_eq!(plan["lengths"]["source"], "dataset");
     // The text output has the same total, up to the process baseline, which each invocation
     // measures from its own RSS (they differ by a fraction of a MiB).
@@ -151,7 +172,7 @@ fn check_prediction(sets: &[&str]) -> f64 {
         "{want:.1} MiB wanted: {text}"
     );
 
-    ok(&rlft_with(&["grpo", "--config", cfg_s]));
+    ok(&rlft_with(&[trainer, "--config", cfg_s]));
     let summary: Value = serde_json::from_str(
         &std::fs::read_to_string(tmp.path().join("out/run_summary.json")).unwrap(),
     )
@@ -187,7 +208,7 @@ fn check_prediction(sets: &[&str]) -> f64 {
 #[test]
 fn too_little_memory_gets_suggestions() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = config(tmp.path());
+    let cfg = config(tmp.path(), false);
     let cfg_s = cfg.to_str().unwrap();
     let plan: Value =
         serde_json::from_str(&ok(&rlft(&["plan", "--config", cfg_s, "--json"]))).unwrap();

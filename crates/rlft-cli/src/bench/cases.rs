@@ -93,9 +93,9 @@ pub fn run_case(case: Case, a: &BenchArgs) -> Result<()> {
         Case::Lora => bench_fwd_bwd(a, true)?,
         Case::Adamw => bench_adamw(a)?,
         Case::RefPass => bench_ref_pass(a)?,
-        Case::Grpo => {
+        Case::Grpo | Case::Rloo | Case::Ppo => {
             let model = crate::default_model::resolve(&a.model.model)?;
-            super::grpo::bench_grpo(&model, a.reps + 1, &a.grpo_set)?
+            super::grpo::bench_online(case, &model, a.reps + 1, &a.grpo_set)?
         }
     };
     println!("RESULT_JSON {v}");

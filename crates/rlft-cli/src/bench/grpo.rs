@@ -4,6 +4,14 @@
 //! on the same 64 prompts: the reference's `prompts(64, 0)` rebuilt with the CPython-compatible
 //! RNG, so both sides see identical prompt texts.
 //!
+//! `rlft bench rloo` and `rlft bench ppo`: the same step under `rlft rloo` and `rlft ppo`
+//! (each command's defaults, then the case's settings). RLOO: 2 prompts x 4 generations, the KL
+//! in the reward, so an old-policy and a reference pass every rollout, RLOO's sequence loss (the
+//! reference: `grpo.py --trainer rloo`, TRL's RLOOTrainer). PPO: 8 prompts x 1 generation (PPO's
+//! one completion per prompt, the same 8 completions), one PPO epoch so a step is a rollout as in
+//! the other two, a critic started from the model (full fine-tune): its value pass and its
+//! forward + backward join the step. TRL has no PPOTrainer since 1.0: no reference.
+//!
 //! Simplification: the correctness reward is `boxed_accuracy` (normalised comparison, e.g.
 //! `26.0` equals `26`) where the reference compares the stripped boxed text exactly; it only
 //! changes scores, not the work of a step.
@@ -14,6 +22,7 @@ use std::time::Instant;
 use anyhow::Result;
 use candle_core::Device;
 use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::{PpoConfig, RlooConfig};
 use rlft::config::TrainerConfig;
 use rlft::run::RunOptions;
 use rlft_data::pyrandom::PyRandom;
@@ -71,33 +80,44 @@ pub fn reference_prompts(n: usize, seed: u64) -> Vec<Value> {
     rows
 }
 
-const PHASES: [&str; 6] = [
+/// The timed phases of an online step (`time/<phase>` in the trainer's metrics; those a
+/// trainer does not run count 0).
+const PHASES: [&str; 7] = [
     "generate",
     "reward",
     "advantages",
     "old_logprobs",
     "ref_logprobs",
+    "values",
     "update",
 ];
 
-/// Runs `steps` GRPO steps (the first is a warm-up, excluded from the times) and returns the
-/// case's result JSON (see [`super::cases`]); `detail` holds every step's seconds and the
-/// per-phase medians. `sets` override config keys (`key=value`).
-pub fn bench_grpo(model: &Path, steps: usize, sets: &[String]) -> Result<Value> {
-    let t0 = Instant::now();
-    let dir = tempfile::tempdir()?;
-    let data = dir.path().join("prompts.jsonl");
-    let text: String = reference_prompts(64, 0)
-        .iter()
-        .map(|r| format!("{r}\n"))
-        .collect();
-    std::fs::write(&data, text)?;
-    let toml_text = format!(
+/// The case's config lines beside the shared ones: the group shape, and for PPO one epoch per
+/// rollout.
+fn case_keys(case: Case) -> &'static str {
+    match case {
+        Case::Ppo => "num_generations = 1\nnum_iterations = 1",
+        _ => "num_generations = 4",
+    }
+}
+
+/// The case's config read with its command's defaults.
+fn load_config(case: Case, path: &Path, sets: &[String]) -> Result<GrpoConfig> {
+    Ok(match case {
+        Case::Rloo => RlooConfig::load(path, sets)?.0,
+        Case::Ppo => PpoConfig::load(path, sets)?.0,
+        _ => GrpoConfig::load(path, sets)?,
+    })
+}
+
+/// The case's config: the shared settings of the reference's grpo.py and the case's own keys.
+fn config_text(case: Case, model: &Path, out: &Path, data: &Path, steps: usize) -> String {
+    format!(
         r#"
 model = "{}"
 output_dir = "{}"
 dataset = "{}"
-num_generations = 4
+{}
 per_device_train_batch_size = 8
 max_completion_length = 32
 learning_rate = 1e-6
@@ -120,12 +140,29 @@ name = "correctness_reward"
 answer_field = "answer"
 "#,
         model.display(),
-        dir.path().join("out").display(),
-        data.display()
-    );
-    let cfg_path = dir.path().join("grpo.toml");
+        out.display(),
+        data.display(),
+        case_keys(case)
+    )
+}
+
+/// Runs `steps` steps of the online `case` (grpo, rloo or ppo; the first step is a warm-up,
+/// excluded from the times) and returns the case's result JSON (see [`super::cases`]);
+/// `detail` holds every step's seconds and the per-phase medians. `sets` override config keys
+/// (`key=value`).
+pub fn bench_online(case: Case, model: &Path, steps: usize, sets: &[String]) -> Result<Value> {
+    let t0 = Instant::now();
+    let dir = tempfile::tempdir()?;
+    let data = dir.path().join("prompts.jsonl");
+    let text: String = reference_prompts(64, 0)
+        .iter()
+        .map(|r| format!("{r}\n"))
+        .collect();
+    std::fs::write(&data, text)?;
+    let toml_text = config_text(case, model, &dir.path().join("out"), &data, steps);
+    let cfg_path = dir.path().join(format!("{}.toml", case.name()));
     std::fs::write(&cfg_path, toml_text)?;
-    let cfg = GrpoConfig::load(&cfg_path, sets)?;
+    let cfg = load_config(case, &cfg_path, sets)?;
     let mut p = rlft::grpo::prepare(&cfg, model, &Device::Cpu)?;
     let load_s = t0.elapsed().as_secs_f64();
     let meter = Meter::start();
@@ -163,7 +200,7 @@ answer_field = "answer"
         "phase_s_median": phases,
         "reward_median": median(&reward),
     });
-    Ok(meter.finish(Case::Grpo, &step_s[1.min(step_s.len())..], load_s, detail))
+    Ok(meter.finish(case, &step_s[1.min(step_s.len())..], load_s, detail))
 }
 
 #[cfg(test)]
@@ -176,6 +213,36 @@ mod tests {
         assert_eq!(eval3(2, '*', 3, '+', 4), 10);
         assert_eq!(eval3(2, '-', 3, '-', 4), -5);
         assert_eq!(eval3(2, '*', 3, '*', 4), 24);
+    }
+
+    #[test]
+    fn each_case_runs_its_command_in_the_same_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        let (m, out, data) = (Path::new("m.gguf"), dir.path(), dir.path().join("d.jsonl"));
+        let load = |case: Case| {
+            let path = dir.path().join(format!("{}.toml", case.name()));
+            std::fs::write(&path, config_text(case, m, out, &data, 3)).unwrap();
+            load_config(case, &path, &[]).unwrap()
+        };
+        use rlft::algo::Estimator;
+        for case in [Case::Grpo, Case::Rloo, Case::Ppo] {
+            let c = load(case);
+            let plan = c.plan(64);
+            // Eight completions of <= 32 tokens per step, one optimiser step per rollout.
+            assert_eq!(plan.rollout_completions, 8, "{case:?}");
+            assert_eq!(plan.steps_per_rollout, 1, "{case:?}");
+            assert_eq!((c.max_completion_length, c.beta), (32, 0.001));
+            let want = match case {
+                Case::Rloo => Estimator::Rloo,
+                Case::Ppo => Estimator::Gae,
+                _ => Estimator::GroupNorm,
+            };
+            assert_eq!(c.estimator.advantage_estimator, want);
+            assert_eq!(c.estimator.value_model.is_some(), case == Case::Ppo);
+            assert_eq!(c.num_generations, if case == Case::Ppo { 1 } else { 4 });
+        }
+        // PPO's critic starts from the model itself.
+        assert_eq!(load(Case::Ppo).estimator.value_model.unwrap(), m);
     }
 
     #[test]

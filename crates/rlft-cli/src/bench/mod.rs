@@ -54,17 +54,27 @@ pub enum Case {
     /// <= 32 new tokens, beta 0.001, full fine-tune, f32): `--reps` timed steps after one
     /// warm-up step; the reference runs grpo.py for as many steps.
     Grpo,
+    /// RLOO steps (`rlft rloo`) of the same shape: 2 prompts x 4 generations, beta 0.001 in the
+    /// reward (old-policy and reference passes), RLOO's sequence loss; the reference runs
+    /// grpo.py --trainer rloo (TRL's RLOOTrainer) for as many steps.
+    Rloo,
+    /// PPO steps (`rlft ppo`): 8 prompts x 1 generation, <= 32 new tokens, one PPO epoch, beta
+    /// 0.001, a critic started from the model, full fine-tune, f32. No reference (TRL removed
+    /// its PPOTrainer).
+    Ppo,
 }
 
 impl Case {
     /// Every case, in the order `all` runs them.
-    pub const EVERY: [Case; 6] = [
+    pub const EVERY: [Case; 8] = [
         Case::Generate,
         Case::FwdBwd,
         Case::Lora,
         Case::Adamw,
         Case::RefPass,
         Case::Grpo,
+        Case::Rloo,
+        Case::Ppo,
     ];
 
     /// The name on the command line and in the JSON.
@@ -77,6 +87,8 @@ impl Case {
             Case::Adamw => "adamw",
             Case::RefPass => "ref_pass",
             Case::Grpo => "grpo",
+            Case::Rloo => "rloo",
+            Case::Ppo => "ppo",
         }
     }
 
@@ -90,7 +102,14 @@ impl Case {
             Case::Adamw => "one fused AdamW step over all parameters",
             Case::RefPass => "no-grad log-prob pass, batch 8 x 128",
             Case::Grpo => "one GRPO step (2 prompts x 4 generations)",
+            Case::Rloo => "one RLOO step (2 prompts x 4 generations, KL in the reward)",
+            Case::Ppo => "one PPO step (8 prompts x 1 generation, a critic, 1 epoch)",
         }
+    }
+
+    /// The online trainers' step cases.
+    pub fn is_online_step(self) -> bool {
+        matches!(self, Case::Grpo | Case::Rloo | Case::Ppo)
     }
 }
 
@@ -98,7 +117,7 @@ impl Case {
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// Cases to run, in the order given (none or `all`: generate fwd_bwd lora adamw ref_pass
-    /// grpo). Each runs in a fresh process, so its peak RSS is its own.
+    /// grpo rloo ppo). Each runs in a fresh process, so its peak RSS is its own.
     #[arg(value_enum)]
     pub cases: Vec<Case>,
     #[command(flatten)]
@@ -110,12 +129,12 @@ pub struct BenchArgs {
     /// this many; the reference makes 32).
     #[arg(long, default_value_t = 32)]
     pub new_tokens: usize,
-    /// Timed repetitions per case (grpo: timed steps after its one warm-up step); passed to the
-    /// reference too.
+    /// Timed repetitions per case (grpo, rloo, ppo: timed steps after one warm-up step); passed
+    /// to the reference too.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
-    /// Untimed warm-up repetitions per case (not grpo, which always warms up with one step);
-    /// passed to the reference too.
+    /// Untimed warm-up repetitions per case (not grpo, rloo and ppo, which always warm up with
+    /// one step); passed to the reference too.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
     /// Rounds per case: rlft then the reference, repeated, each a fresh process with `--reps`
@@ -149,9 +168,9 @@ pub struct BenchArgs {
     /// Also write the JSON result to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// grpo: override a key of the case's config, as `rlft grpo --set` takes it (repeatable),
-    /// e.g. `--grpo-set gradient_checkpointing=true`. The reference keeps its configuration,
-    /// so ratios then compare different settings.
+    /// grpo, rloo, ppo: override a key of the case's config, as `rlft grpo --set` takes it
+    /// (repeatable), e.g. `--grpo-set gradient_checkpointing=true`. The reference keeps its
+    /// configuration, so ratios then compare different settings.
     #[arg(long = "grpo-set")]
     pub grpo_set: Vec<String>,
     /// Internal: run one case in this process and print `RESULT_JSON {...}`.

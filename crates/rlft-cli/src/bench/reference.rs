@@ -143,10 +143,20 @@ impl Reference {
                     ),
                 };
             }
+            Case::Ppo => {
+                return none(
+                    Some(
+                        "no reference: TRL 1.16 has no PPOTrainer (removed from trl.trainer, \
+                         not in trl.experimental either)"
+                            .into(),
+                    ),
+                    false,
+                )
+            }
             _ => {
                 eprintln!("== {}: reference", case.name());
-                if case == Case::Grpo {
-                    self.run_grpo_py(a.reps + 1)
+                if case.is_online_step() {
+                    self.run_grpo_py(case, a.reps + 1)
                 } else {
                     self.run_bench_py(case, a)
                 }
@@ -193,12 +203,14 @@ impl Reference {
             .with_context(|| format!("no RESULT_JSON from bench.py: {}", tail(&out.stderr)))
     }
 
-    fn run_grpo_py(&self, steps: usize) -> Result<Value> {
+    /// `grpo.py --trainer grpo|rloo` for `steps` steps.
+    fn run_grpo_py(&self, case: Case, steps: usize) -> Result<Value> {
         let cpu = CpuSnapshot::now();
         let tmp = tempfile::tempdir()?;
         let out_file = tmp.path().join("grpo.json");
         let out = self
             .command("grpo.py")
+            .args(["--trainer", case.name()])
             .arg("--max-steps")
             .arg(steps.to_string())
             .arg("--out")
@@ -257,7 +269,7 @@ fn summarize(case: Case, a: &BenchArgs, raw: Value) -> Result<Value> {
             "bench.py adamw: step_fused".into(),
             "peak_rss_bench_mib",
         ),
-        Case::Grpo => {
+        Case::Grpo | Case::Rloo => {
             let steps: Vec<f64> = raw["step_s"]
                 .as_array()
                 .map(|s| s.iter().filter_map(Value::as_f64).skip(1).collect())
@@ -267,13 +279,17 @@ fn summarize(case: Case, a: &BenchArgs, raw: Value) -> Result<Value> {
             }
             (
                 super::report::stats_ms(&steps),
-                "grpo.py: step_s after the first (CPU interference measured from outside, over \
-                 the whole run, loading included)"
-                    .into(),
+                format!(
+                    "grpo.py --trainer {}: step_s after the first (CPU interference measured \
+                     from outside, over the whole run, loading included)",
+                    case.name()
+                ),
                 "peak_rss_bench_mib",
             )
         }
-        Case::All | Case::RefPass => bail!("no reference case for {}", case.name()),
+        Case::All | Case::RefPass | Case::Ppo => {
+            bail!("no reference case for {}", case.name())
+        }
     };
     let mut v = json!({
         "source": source,
@@ -287,7 +303,7 @@ fn summarize(case: Case, a: &BenchArgs, raw: Value) -> Result<Value> {
         v["new_tokens_per_s_median"] =
             raw[format!("batch_{}", a.batch)]["new_tokens_per_s_median"].clone();
     }
-    if case == Case::Grpo {
+    if case.is_online_step() {
         v["phase_s_median"] = raw["step_phase_s_median"].clone();
     }
     v["raw"] = raw;

@@ -214,14 +214,17 @@ fn extra(case: &str, o: &Value, r: &Value) -> String {
         ),
         "adamw" => format!("{:.1}M params", f(&d["n_params"]) / 1e6),
         "ref_pass" => format!("{:.0} tok/s", f(&d["tokens_per_s_median"])),
-        "grpo" => {
+        "grpo" | "rloo" | "ppo" => {
             let p = &d["phase_s_median"];
-            format!(
-                "gen {:.2} s, ref {:.2} s, update {:.2} s",
-                f(&p["generate"]),
-                f(&p["ref_logprobs"]),
-                f(&p["update"])
-            )
+            let mut s = format!("gen {:.2} s", f(&p["generate"]));
+            if case != "grpo" {
+                s += &format!(", old {:.2} s", f(&p["old_logprobs"]));
+            }
+            s += &format!(", ref {:.2} s", f(&p["ref_logprobs"]));
+            if case == "ppo" {
+                s += &format!(", values {:.2} s", f(&p["values"]));
+            }
+            s + &format!(", update {:.2} s", f(&p["update"]))
         }
         _ => String::new(),
     }

@@ -55,6 +55,9 @@ pub enum HeadKernel {
     /// the `[rows, vocab]` probabilities up to [`FUSED_HEAD_KEEP`] elements (recomputing logits
     /// tiles in backward above it).
     Fused,
+    /// PPO's critic: the `[1, hidden]` score head (`rlft_model::score::ScoreHead::scores`) over
+    /// a `[rows, hidden]` copy of the completion positions; a value per row, no logits.
+    Score,
 }
 
 /// Elements of the fused head's forward logits block (`fused::head::FWD_TILE`).
@@ -357,11 +360,17 @@ pub struct Activations {
     pub head_rows: usize,
     /// What one layer keeps, per token / score.
     pub layer_tensors: Vec<SavedTensor>,
+    /// Decoder layers.
+    pub layer_count: usize,
     /// All layers over all passes.
     pub layers: Sized,
     /// Everything else: embeddings, final norm, shared-prompt keys/values, LM head, backward
     /// buffers.
     pub extra: Vec<Part>,
+    /// The part of `extra` alive only while the forward's head or the backward runs (the head's
+    /// blocks, gradients in flight, the embedding's partial sums): two graphs backpropagated
+    /// one after the other (PPO's policy and critic) hold the larger of theirs, not both.
+    pub working_set: Sized,
     /// Sum.
     pub total: Sized,
 }
@@ -469,7 +478,10 @@ pub fn activations(
     // divided by the temperature.
     let copies = 1 + u64::from(mb.temperature_scaled);
     push(
-        "LM head input rows".into(),
+        match head {
+            HeadKernel::Score => "score head input rows".into(),
+            _ => "LM head input rows".into(),
+        },
         Sized::times(r * h * act_bytes, copies),
     );
     let chunk = r.min(HEAD_CHUNK as u64);
@@ -523,6 +535,14 @@ pub fn activations(
             let bwd = tile + Sized::one(r * h * 4);
             (saved, if fwd.bytes >= bwd.bytes { fwd } else { bwd })
         }
+        HeadKernel::Score => {
+            // [rows, 1] scores in the run's dtype, their f32 cast and the masked values; the
+            // backward's [rows, hidden] input gradient.
+            (
+                Sized::one(r * (act_bytes + 8)),
+                Sized::one(r * h * act_bytes),
+            )
+        }
     };
     push(
         match head {
@@ -536,22 +556,30 @@ pub fn activations(
             }
             HeadKernel::Fused if full => "LM head (fused): log-sum-exp per row".into(),
             HeadKernel::Fused => "LM head (fused): input gradient [rows, h]".into(),
+            HeadKernel::Score => "score head: values per row".into(),
         },
         head_saved,
     );
-    push("LM head forward/backward buffers".into(), head_bwd);
-    let i = dims.intermediate as u64;
+    let mut working_set = head_bwd;
     push(
-        "layer backward gradients in flight".into(),
-        Sized::times(tokens * i * 4, BACKWARD_I as u64)
-            + Sized::times(tokens * h * 4, BACKWARD_H as u64),
+        match head {
+            HeadKernel::Score => "score head backward buffers".into(),
+            _ => "LM head forward/backward buffers".into(),
+        },
+        head_bwd,
     );
+    let i = dims.intermediate as u64;
+    let in_flight = Sized::times(tokens * i * 4, BACKWARD_I as u64)
+        + Sized::times(tokens * h * 4, BACKWARD_H as u64);
+    working_set = working_set + in_flight;
+    push("layer backward gradients in flight".into(), in_flight);
     if full {
-        // The embedding (and a tied head) gradient is built as [vocab, hidden] partial sums.
-        push(
-            "embedding/head gradient partial sums".into(),
-            Sized::times(v * h * act_bytes, 2),
-        );
+        // The embedding (and a tied head) gradient is built as [vocab, hidden] partial sums;
+        // the score head is not tied, so the critic's embedding has one.
+        let sums = if head == HeadKernel::Score { 1 } else { 2 };
+        let partial = Sized::times(v * h * act_bytes, sums);
+        working_set = working_set + partial;
+        push("embedding/head gradient partial sums".into(), partial);
     }
     let total = extra.iter().fold(layers, |a, p| a + p.size);
     Activations {
@@ -560,18 +588,22 @@ pub fn activations(
         passes: mb.passes.to_vec(),
         head_rows: mb.head_rows,
         layer_tensors: tensors,
+        layer_count: dims.layers,
         layers,
         extra,
+        working_set,
         total,
     }
 }
 
-/// Bytes a no-grad log-prob pass (reference, old policy, SFT eval) holds at its peak: the
+/// Bytes a no-grad log-prob pass (reference, old policy, SFT eval; `head` the LM head the
+/// kernels run) or value pass (PPO's critic, [`HeadKernel::Score`]) holds at its peak: the
 /// hidden states, one layer's temporaries, and the head's logits block (the composite's with
-/// its shifted copy and `exp`).
+/// its shifted copy and `exp`; the score head's values).
 pub fn no_grad_pass(
     dims: &ModelDims,
     kernels: Kernels,
+    head: HeadKernel,
     passes: &[Pass],
     head_rows: usize,
 ) -> Sized {
@@ -600,7 +632,8 @@ pub fn no_grad_pass(
         }
     }
     let v = dims.vocab as u64;
-    let head = match head_kernel(kernels) {
+    let head = match head {
+        HeadKernel::Score => Sized::one(head_rows as u64 * 8),
         HeadKernel::Chunked => Sized::times((head_rows as u64).min(HEAD_CHUNK as u64) * v * 4, 3),
         HeadKernel::Fused => {
             let rows = (FUSED_HEAD_FWD_BLOCK as u64 / v.max(1))

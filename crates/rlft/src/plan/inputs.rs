@@ -2,11 +2,15 @@
 //! settings memory depends on.
 
 use rlft_data::load_dataset;
+use rlft_model::load::{load_metadata, ModelMetadata};
 use rlft_model::lora::resolve_targets;
 use rlft_text::TextBundle;
 use serde::Serialize;
 
-use super::{EvalPrompts, GrpoShape, LoraShape, PlanError, RunShape, SftShape, Tuning, Workload};
+use super::{
+    CriticShape, EvalPrompts, GrpoShape, LoraShape, ModelDims, PlanError, RunShape, SftShape,
+    Tuning, Workload,
+};
 use crate::config::grpo::GrpoConfig;
 use crate::config::sft::SftConfig;
 use crate::config::{LoraSettings, TrainingArgs};
@@ -195,8 +199,44 @@ fn run_shape(args: &TrainingArgs, workload: Workload) -> Result<RunShape, PlanEr
     })
 }
 
-/// The run shape of a GRPO config with its prompt lengths.
-pub fn run_shape_grpo(cfg: &GrpoConfig, lengths: &GrpoLengths) -> Result<RunShape, PlanError> {
+/// PPO's critic of an online config: none without `value_model`; the policy's shape and files
+/// (`policy`) when `value_model` names the policy's `model`, as `grpo::setup::prepare` loads it
+/// then; else `value_model`'s own config (a causal LM, or a `*ForSequenceClassification`
+/// directory without an LM head).
+pub fn critic_shape(
+    cfg: &GrpoConfig,
+    policy: &ModelMetadata,
+) -> Result<Option<CriticShape>, PlanError> {
+    let Some(v) = &cfg.estimator.value_model else {
+        return Ok(None);
+    };
+    let shape = |m: &ModelMetadata, headless| CriticShape {
+        dims: ModelDims::from_config(&m.config),
+        headless,
+        source_file_bytes: m.largest_file_bytes,
+        decode_block_bytes: m.decode_block_bytes,
+    };
+    if v.as_os_str() == cfg.args.model.as_str() {
+        return Ok(Some(shape(policy, false)));
+    }
+    if v.join(rlft_model::peft::ADAPTER_CONFIG).is_file() {
+        return Err(PlanError::Invalid(format!(
+            "value_model {} is a PEFT adapter; plan with its base model as value_model",
+            v.display()
+        )));
+    }
+    let headless = rlft_model::score::sequence_classification_arch(v)?.is_some();
+    let meta = load_metadata(v)?;
+    Ok(Some(shape(&meta, headless)))
+}
+
+/// The run shape of an online (GRPO, RLOO, PPO) config with its prompt lengths and, for PPO,
+/// its critic ([`critic_shape`]).
+pub fn run_shape_grpo(
+    cfg: &GrpoConfig,
+    lengths: &GrpoLengths,
+    critic: Option<CriticShape>,
+) -> Result<RunShape, PlanError> {
     let plan = cfg.plan(1);
     let passes = crate::grpo::setup::passes(cfg, &plan);
     let workload = Workload::Grpo(GrpoShape {
@@ -213,6 +253,7 @@ pub fn run_shape_grpo(cfg: &GrpoConfig, lengths: &GrpoLengths) -> Result<RunShap
             prompts: e.prompts.min(EVAL_BATCH),
             ..e
         }),
+        critic,
     });
     run_shape(&cfg.args, workload)
 }

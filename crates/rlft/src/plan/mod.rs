@@ -6,12 +6,15 @@
 //! | phase | alive besides the process baseline, the policy weights and (after the first step) the optimizer state |
 //! |---|---|
 //! | `load` | the file being read (a GGUF whole, or the largest safetensors shard), the largest tensor's f32 conversion; with full fine-tuning the loaded weights while their trainable copies are made |
+//! | `critic_load` | PPO: the policy loaded, the critic's file (and GGUF blocks) being read, or its trainable copies being made |
 //! | `eval` | GRPO eval generation: KV caches of 16 prompts (bf16 LoRA: the merged rollout copy) |
 //! | `generate` | KV caches of every completion of a rollout (bf16 LoRA: the merged copy) |
 //! | `score` | a no-grad log-prob pass (GRPO reference / old policy, SFT eval loss) |
-//! | `update` | gradients (the micro-batch's and the accumulated sums; one set with a single f32 micro-batch), one micro-batch's activations |
+//! | `values` | PPO: the critic's no-grad value pass over a micro-batch of completions |
+//! | `update` | gradients (the micro-batch's and the accumulated sums; one set with a single f32 micro-batch), one micro-batch's activations (PPO: the policy's and the critic's) |
 //! | `checkpoint` | a copy of the optimizer state, each tensor's write buffers |
 //! | `export` | the final model: the LoRA-merged copy, the write buffer (bf16: an f32 copy) |
+//! | `critic_export` | PPO: the critic's merged copy and write buffers, after the policy's export |
 //!
 //! Phases do not add up: what a phase frees goes back to the heap, which the next reuses (the
 //! allocator keeps it: `rlft_kernels::alloc`). So RSS after loading is the heap's high-water mark
@@ -26,6 +29,7 @@
 //! `h` hidden, `V` vocabulary, `P` parameters, `T` trainable parameters.
 
 pub mod activations;
+pub mod critic;
 pub mod inputs;
 pub mod suggest;
 
@@ -36,7 +40,8 @@ use rlft_model::ModelConfig;
 pub use activations::{
     head_kernel, Activations, HeadKernel, Kernels, Part, Pass, SavedTensor, Sized,
 };
-pub use inputs::{grpo_lengths, run_shape_grpo, run_shape_sft, sft_lengths};
+pub use critic::CriticShape;
+pub use inputs::{critic_shape, grpo_lengths, run_shape_grpo, run_shape_sft, sft_lengths};
 pub use suggest::{suggest, Suggestion};
 
 /// Plan errors; each says what to fix.
@@ -241,6 +246,8 @@ pub struct GrpoShape {
     pub temperature_scaled: bool,
     /// Eval generation, when the run has eval prompts.
     pub eval: Option<EvalPrompts>,
+    /// PPO's critic (`advantage_estimator = "gae"`, `value_model`).
+    pub critic: Option<CriticShape>,
 }
 
 /// Eval prompts of a GRPO run.
@@ -388,18 +395,24 @@ pub struct Environment {
 pub enum Phase {
     /// Reading the weights, making trainable copies.
     Load,
+    /// PPO: reading the critic's weights, making its trainable copies.
+    CriticLoad,
     /// GRPO eval generation.
     Eval,
     /// GRPO rollout generation.
     Generate,
     /// No-grad log-prob passes.
     Score,
+    /// PPO: the critic's no-grad value pass.
+    Values,
     /// Forward + backward of a micro-batch, the optimiser step.
     Update,
     /// Saving a checkpoint.
     Checkpoint,
     /// The final export.
     Export,
+    /// PPO: the critic's export, after the policy's.
+    CriticExport,
 }
 
 impl Phase {
@@ -407,12 +420,15 @@ impl Phase {
     pub fn name(self) -> &'static str {
         match self {
             Phase::Load => "load",
+            Phase::CriticLoad => "critic_load",
             Phase::Eval => "eval",
             Phase::Generate => "generate",
             Phase::Score => "score",
+            Phase::Values => "values",
             Phase::Update => "update",
             Phase::Checkpoint => "checkpoint",
             Phase::Export => "export",
+            Phase::CriticExport => "critic_export",
         }
     }
 }
@@ -464,6 +480,8 @@ pub struct Plan {
     pub total_bytes: u64,
     /// The micro-batch's activations, itemised.
     pub activations: Activations,
+    /// PPO: the critic's activations of a micro-batch, itemised.
+    pub critic_activations: Option<Activations>,
     /// Parameters `P`.
     pub parameters: usize,
     /// Trainable parameters `T`.
@@ -487,22 +505,28 @@ impl Plan {
     }
 }
 
-const ALL: [Phase; 7] = [
+const ALL: [Phase; 10] = [
     Phase::Load,
+    Phase::CriticLoad,
     Phase::Eval,
     Phase::Generate,
     Phase::Score,
+    Phase::Values,
     Phase::Update,
     Phase::Checkpoint,
     Phase::Export,
+    Phase::CriticExport,
 ];
-const AFTER_LOAD: [Phase; 6] = [
+/// Every phase once the models are loaded (the optimizer exists).
+const AFTER_LOAD: [Phase; 8] = [
     Phase::Eval,
     Phase::Generate,
     Phase::Score,
+    Phase::Values,
     Phase::Update,
     Phase::Checkpoint,
     Phase::Export,
+    Phase::CriticExport,
 ];
 
 /// Buffers this large or larger get fresh pages from `mmap` and go back to the system when
@@ -963,7 +987,13 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
         add(
             "logprob_pass",
             "no-grad log-prob pass".into(),
-            activations::no_grad_pass(dims, run.kernels(), &passes, head_rows),
+            activations::no_grad_pass(
+                dims,
+                run.kernels(),
+                head_kernel(run.kernels()),
+                &passes,
+                head_rows,
+            ),
             format!("{what}: a micro-batch's forward without graph"),
             &[Phase::Score],
         );
@@ -1003,9 +1033,21 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
         },
         &[Phase::Export],
     );
+    let critic = match &run.workload {
+        Workload::Grpo(g) => g
+            .critic
+            .as_ref()
+            .map(|k| critic::components(k, run, g, &acts)),
+        Workload::Sft(_) => None,
+    };
+    let critic_activations = critic.map(|(parts, a)| {
+        c.extend(parts);
+        a
+    });
     let present: Vec<Phase> = ALL
         .into_iter()
         .filter(|ph| match ph {
+            Phase::CriticLoad | Phase::Values | Phase::CriticExport => critic_activations.is_some(),
             Phase::Eval => {
                 matches!(&run.workload, Workload::Grpo(g) if g.eval.is_some())
             }
@@ -1070,6 +1112,7 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
         peak_phase: peak.phase,
         total_bytes: peak.rss_bytes,
         activations: acts,
+        critic_activations,
         parameters: p,
         trainable_parameters: t,
     })

@@ -236,6 +236,7 @@ fn grpo(micro: usize, share: bool, beta: bool) -> RunShape {
             share_prompts: share,
             temperature_scaled: false,
             eval: None,
+            critic: None,
         }),
     }
 }
@@ -487,4 +488,182 @@ fn trainable_head_keeps_small_probabilities() {
         .extra
         .iter()
         .all(|x| !x.name.contains("probabilities")));
+}
+
+/// PPO on the tiny model: 2 prompts x 1 completion per rollout, micro-batch 2, unshared rows of
+/// 10 prompt + 5 completion tokens, an old-policy pass, a critic of the policy's shape.
+fn ppo(tuning: Tuning, critic_dims: ModelDims, headless: bool) -> RunShape {
+    RunShape {
+        bf16: false,
+        tuning,
+        micro_batch: 2,
+        accumulation: 1,
+        gradient_checkpointing: false,
+        workload: Workload::Grpo(GrpoShape {
+            num_generations: 1,
+            rollout_prompts: 2,
+            rollout_completions: 2,
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            reference: false,
+            old_logprobs: true,
+            share_prompts: false,
+            temperature_scaled: false,
+            eval: None,
+            critic: Some(CriticShape {
+                dims: critic_dims,
+                headless,
+                source_file_bytes: 1_000,
+                decode_block_bytes: 0,
+            }),
+        }),
+    }
+}
+
+#[test]
+fn ppo_critic_lora_by_hand() {
+    let d = tiny();
+    let p = estimate(&d, &ppo(lora_qv(), tiny(), false), &ENV).unwrap();
+    // The decoder's 106816 params and the score head's 64, f32.
+    assert_eq!(p.bytes("critic_weights"), (106_816 + 64) * 4);
+    assert_eq!(p.bytes("critic_load_buffers"), 1_000 + 32_768 * 4);
+    // Its own adapters (as the policy's: 1792) in f32; AdamW and the gradients (one f32
+    // micro-batch: the sums) also cover the head.
+    assert_eq!(p.bytes("critic_trainable"), 1_792 * 4);
+    assert_eq!(p.bytes("critic_optimizer"), 2 * (1_792 + 64) * 4);
+    assert_eq!(p.bytes("critic_gradients"), (1_792 + 64) * 4);
+    // Value pass: 2 rows x 14 tokens = 28 tokens x (4 h + 2 q + 2 kv + 3 I) floats, the
+    // [10, 64] rows the head reads and 10 values (f32 + masked).
+    let per_token = (4 * 64 + 2 * 64 + 2 * 32 + 3 * 128) * 4;
+    assert_eq!(
+        p.bytes("critic_values"),
+        28 * per_token + 10 * 64 * 4 + 10 * 8
+    );
+    // Update: 2 layers x 28 tokens x 4224 bytes, embeddings and final norm [28, 64], the
+    // head's input rows [10, 64] and scores (10 x 12 bytes); its backward's working set (the
+    // head's input gradient [10, 64], gradients in flight 28 x 640 floats) is smaller than the
+    // policy's, which runs apart from it: not counted.
+    let a = p.critic_activations.as_ref().unwrap();
+    assert_eq!(a.head, HeadKernel::Score);
+    assert_eq!(a.layers.bytes, 2 * 28 * 4224);
+    assert_eq!(a.working_set.bytes, 10 * 64 * 4 + 28 * 640 * 4);
+    assert!(a.working_set.bytes < p.activations.working_set.bytes);
+    let saved = 2 * 28 * 4224 + 2 * 28 * 64 * 4 + 10 * 64 * 4 + 10 * 12;
+    assert_eq!(p.bytes("critic_activations"), saved);
+    assert_eq!(a.total.bytes, saved + a.working_set.bytes);
+    // A checkpoint copies its AdamW state (and writes its largest tensor, q's A 4 x 64... the
+    // head [1, 64] and adapters are all 256 elements or fewer).
+    assert_eq!(
+        p.bytes("critic_checkpoint_buffers"),
+        2 * (1_792 + 64) * 4 + 2 * 256 * 4
+    );
+    // Export: the merged q and v of both layers, merge_lora's temporaries, the write buffer.
+    assert_eq!(
+        p.bytes("critic_export"),
+        12_288 * 4 + 3 * 4096 * 4 + 32_768 * 4
+    );
+    // Its phases: the policy's export is over when the critic's runs, and the reverse.
+    let has = |ph: Phase, key: &str| p.component(key).unwrap().phases.contains(&ph);
+    assert!(
+        !has(Phase::CriticExport, "rollout_model") && !has(Phase::CriticExport, "export_buffers")
+    );
+    assert!(!has(Phase::Export, "critic_export"));
+    assert!(!has(Phase::Load, "critic_weights") && has(Phase::CriticLoad, "critic_weights"));
+    assert!(!has(Phase::CriticLoad, "optimizer") && !has(Phase::CriticLoad, "critic_optimizer"));
+    let live = |ph: Phase| p.phase(ph).unwrap().live_bytes;
+    let without =
+        |ph: Phase, keys: &[&str]| live(ph) - keys.iter().map(|k| p.bytes(k)).sum::<u64>();
+    assert_eq!(
+        without(Phase::Values, &["critic_values"]),
+        without(Phase::Score, &["logprob_pass"])
+    );
+    assert_eq!(
+        live(Phase::Update) - live(Phase::Values) + p.bytes("critic_values"),
+        p.bytes("activations")
+            + p.bytes("gradients")
+            + p.bytes("critic_activations")
+            + p.bytes("critic_gradients")
+    );
+    // Without a critic: none of it.
+    let mut grpo_like = ppo(lora_qv(), tiny(), false);
+    if let Workload::Grpo(g) = &mut grpo_like.workload {
+        g.critic = None;
+    }
+    let q = estimate(&d, &grpo_like, &ENV).unwrap();
+    assert!(q.components.iter().all(|c| !c.key.starts_with("critic")));
+    assert!(q.critic_activations.is_none());
+    for ph in [Phase::CriticLoad, Phase::Values, Phase::CriticExport] {
+        assert!(q.phase(ph).is_none(), "{ph:?}");
+    }
+    assert_eq!(q.bytes("activations"), p.bytes("activations"));
+    assert!(p.total_bytes > q.total_bytes);
+}
+
+#[test]
+fn ppo_critic_full_fine_tuning() {
+    // Untied embeddings: a causal-LM critic keeps its lm_head (trainable, never given a
+    // gradient); a sequence-classification one has none.
+    let d = ModelDims {
+        tied_embeddings: false,
+        ..tiny()
+    };
+    let params = 106_816 + 32_768;
+    let causal = estimate(&d, &ppo(Tuning::Full, d, false), &ENV).unwrap();
+    assert_eq!(causal.bytes("critic_weights"), (params + 64) * 4);
+    assert_eq!(causal.bytes("critic_trainable"), 0);
+    assert_eq!(causal.bytes("critic_optimizer"), 2 * (params + 64) * 4);
+    assert_eq!(causal.bytes("critic_gradients"), (params + 64 - 32_768) * 4);
+    // Loading holds the loaded weights while their trainable copies are made.
+    assert_eq!(causal.bytes("critic_load_buffers"), (params + 64) * 4);
+    let headless = estimate(&d, &ppo(Tuning::Full, d, true), &ENV).unwrap();
+    assert_eq!(headless.bytes("critic_weights"), (params - 32_768 + 64) * 4);
+    assert_eq!(
+        headless.bytes("critic_gradients"),
+        (params - 32_768 + 64) * 4
+    );
+    // The critic's embedding gradient: one [vocab, hidden] partial sum (no tied head).
+    let a = causal.critic_activations.as_ref().unwrap();
+    let sums = a
+        .extra
+        .iter()
+        .find(|x| x.name.starts_with("embedding"))
+        .unwrap();
+    assert_eq!(sums.size.bytes, 512 * 64 * 4);
+    // bf16: an f32 master copy of the critic too, and bf16 micro-batch gradients.
+    let mut bf16 = ppo(Tuning::Full, d, true);
+    bf16.bf16 = true;
+    bf16.accumulation = 2;
+    let b = estimate(&d, &bf16, &ENV).unwrap();
+    let t = params - 32_768 + 64;
+    assert_eq!(b.bytes("critic_master"), t * 4);
+    assert_eq!(b.bytes("critic_gradients"), t * 2 + t * 4);
+    assert_eq!(
+        b.critic_activations.as_ref().unwrap().kernels,
+        Kernels::Composite
+    );
+    // Checkpointing covers the policy only: the critic keeps every layer.
+    let mut ckpt = ppo(Tuning::Full, d, false);
+    ckpt.gradient_checkpointing = true;
+    let c = estimate(&d, &ckpt, &ENV).unwrap();
+    assert_eq!(
+        c.bytes("critic_activations"),
+        causal.bytes("critic_activations")
+    );
+    assert!(c.bytes("activations") < causal.bytes("activations"));
+}
+
+#[test]
+fn a_smaller_critic_is_planned_with_its_own_shape() {
+    let d = tiny();
+    let small = ModelDims {
+        layers: 1,
+        ..tiny()
+    };
+    let p = estimate(&d, &ppo(lora_qv(), small, false), &ENV).unwrap();
+    assert_eq!(p.bytes("critic_weights"), (32_768 + 36_992 + 64 + 64) * 4);
+    assert_eq!(p.bytes("critic_trainable"), 896 * 4);
+    assert_eq!(
+        p.critic_activations.as_ref().unwrap().layers.bytes,
+        28 * 4224
+    );
 }
