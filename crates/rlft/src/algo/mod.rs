@@ -10,6 +10,8 @@
 //!   scaling chosen by [`ScaleRewards`] (GRPO, DeepSeekMath; Dr. GRPO drops the std).
 //! - [`loss`]: the PPO-style clipped surrogate with an optional k3 KL penalty to a reference
 //!   policy, aggregated over tokens as [`LossType`] says (GRPO, BNPO, Dr. GRPO, DAPO).
+//! - [`reward`]: the Bradley-Terry loss of reward models with TRL's margin and centring terms,
+//!   and the statistics TRL logs of preference pairs.
 //! - [`loop_ref`]: the same two computations as plain scalar loops in `f64`, with the analytic
 //!   gradient of the loss; the tests check the vectorised code against it.
 //!
@@ -27,6 +29,7 @@
 pub mod advantage;
 pub mod loop_ref;
 pub mod loss;
+pub mod reward;
 
 pub use advantage::{compute_advantages, AdvantageConfig, Advantages, ScaleRewards};
 pub use loss::{
