@@ -2,9 +2,12 @@
 //!
 //! - [`prompts`]: chat-templated prompt ids for the online trainers (GRPO and the algorithms
 //!   that sample completions);
+//! - [`preferences`]: `prompt` / `chosen` / `rejected` rows (standard or conversational, the
+//!   prompt extracted when implicit) -> rendered texts and reward-model pairs;
 //! - [`sft`]: prompt-completion and conversational rows -> `(input_ids, loss_mask)` for SFT;
 //! - [`DataCursor`]: a seeded, resumable walk over a dataset's rows, epoch by epoch.
 
+pub mod preferences;
 pub mod prompts;
 pub mod sft;
 
