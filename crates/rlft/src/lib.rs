@@ -11,7 +11,7 @@
 //!   the online algorithms.
 //! - [`run`]: the run core every trainer plugs into ([`run::Algorithm`]): loop, optimiser step,
 //!   checkpoints and exact resume, eval cadence, metrics, Ctrl-C, export, summary.
-//! - [`sft`], [`grpo`]: the trainers, each a small [`run::Algorithm`].
+//! - [`sft`], [`grpo`], [`reward_model`]: the trainers, each a small [`run::Algorithm`].
 //! - [`plan`]: a run's peak memory, predicted from the config and the model's shape.
 //! - [`error`]: [`TrainerError`], the one error type of the trainers.
 
@@ -21,6 +21,7 @@ pub mod data;
 pub mod error;
 pub mod grpo;
 pub mod plan;
+pub mod reward_model;
 pub mod rollout;
 pub mod run;
 pub mod sft;

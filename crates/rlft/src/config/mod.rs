@@ -6,6 +6,7 @@
 
 pub mod args;
 pub mod grpo;
+pub mod reward;
 pub mod sft;
 
 use std::path::Path;

@@ -203,6 +203,13 @@ pub trait Algorithm: Send {
 
     /// An eval pass of the policy (None without eval data).
     fn evaluate(&mut self, policy: &Policy, at: Position) -> Result<Option<Metrics>>;
+
+    /// Writes the final model under `out_dir` (`model_name`: the config's `model`, recorded in
+    /// a PEFT adapter) and returns the directory of the usable model. Default: the policy as a
+    /// causal LM ([`setup::export_final`]); a reward model writes its score head too.
+    fn export(&self, out_dir: &Path, model_name: &str, policy: &Policy) -> Result<PathBuf> {
+        Ok(setup::export_final(out_dir, model_name, policy)?)
+    }
 }
 
 /// `label value` pairs of `keys` found in `metrics` (the learning rate in scientific notation,
@@ -476,7 +483,7 @@ fn finish<C: TrainerConfig, A: Algorithm>(
         if let Some(m) = &run.summary.eval_final {
             eprintln!("eval after training: {}", short(m, A::EVAL_LINE));
         }
-        run.summary.final_dir = Some(setup::export_final(run.out_dir, &args.model, policy)?);
+        run.summary.final_dir = Some(algo.export(run.out_dir, &args.model, policy)?);
     }
     run.summary.wall_time_s = start.elapsed().as_secs_f64();
     run.progress.finish(&format!(
