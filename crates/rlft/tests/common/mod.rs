@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-#[allow(dead_code)]
 /// Writes `n` rows `{"prompt": "12+7=", <answer_key>: "19"}` to `path` (JSONL).
+#[allow(dead_code)]
 pub fn write_sums(path: &Path, n: usize, answer_key: &str) {
     let mut s = String::new();
     for i in 0..n {
@@ -30,9 +30,9 @@ pub fn weights(policy: &rlft::run::Policy) -> Vec<(String, Vec<f32>)> {
         .collect()
 }
 
-#[allow(dead_code)]
 /// Writes `n` preference rows `{"prompt": "12+7=", "chosen": "19", "rejected": "20"}` to `path`
 /// (JSONL; the rejected answer is off by 1 to 3), with a `margin` column when asked.
+#[allow(dead_code)]
 pub fn write_sum_preferences(path: &Path, n: usize, margin: bool) {
     let mut s = String::new();
     for i in 0..n {
