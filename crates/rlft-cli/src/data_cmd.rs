@@ -1,12 +1,14 @@
 //! `rlft data tiny-python-expr --output DIR`: generate the seed example's prompt set, byte for
-//! byte what the Python original generates (see `rlft_data::synth`).
+//! byte what the Python original generates (see `rlft_data::synth`); with `--preferences`,
+//! preference pairs of the same expressions.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use rlft_data::synth::tiny_python_expr::{generate, Op, TinyPythonExprOptions};
-use rlft_data::synth::SaveFormats;
+use rlft_data::synth::tiny_python_expr_preferences::preferences;
+use rlft_data::synth::{save_splits, SaveFormats};
 
 /// `rlft data`.
 #[derive(Args, Debug)]
@@ -65,6 +67,11 @@ pub struct TinyPythonExprArgs {
     /// never deleted).
     #[arg(long)]
     pub overwrite: bool,
+    /// Write preference pairs of the same expressions instead of prompts: conversational
+    /// `prompt` / `chosen` (the right boxed answer) / `rejected` (a wrong number or a missing
+    /// box, half and half, drawn from the seed), for `rlft reward-model` and DPO.
+    #[arg(long)]
+    pub preferences: bool,
 }
 
 /// Runs `rlft data ...`.
@@ -91,9 +98,13 @@ fn run_tiny_python_expr(a: TinyPythonExprArgs) -> Result<()> {
         jsonl: a.jsonl,
         parquet: a.parquet,
     };
-    let written = ds
-        .save(&a.output, formats)
-        .with_context(|| format!("writing {}", a.output.display()))?;
+    let written = if a.preferences {
+        let (train, test) = preferences(&ds, opts.seed);
+        save_splits(&a.output, &[("train", &train), ("test", &test)], formats)
+    } else {
+        ds.save(&a.output, formats)
+    }
+    .with_context(|| format!("writing {}", a.output.display()))?;
 
     let ops: Vec<&str> = opts.operators.iter().map(|op| op.symbol()).collect();
     println!(
@@ -111,10 +122,20 @@ fn run_tiny_python_expr(a: TinyPythonExprArgs) -> Result<()> {
     for path in written.iter().skip(1) {
         println!("  {}", path.display());
     }
-    println!(
-        "train on it: rlft grpo --config examples/tiny_python_expr/config.toml --set dataset={}",
-        a.output.display()
-    );
+    if a.preferences {
+        println!("  rows: prompt, chosen (right answer, boxed), rejected (wrong number or no box)");
+        println!(
+            "train a reward model on it: rlft reward-model --config rm.toml with dataset = {:?} \
+             (docs/reward-model.md)",
+            a.output.display().to_string()
+        );
+    } else {
+        println!(
+            "train on it: rlft grpo --config examples/tiny_python_expr/config.toml --set \
+             dataset={}",
+            a.output.display()
+        );
+    }
     println!(
         "or in Python: datasets.load_from_disk({:?})",
         a.output.display().to_string()

@@ -10,6 +10,7 @@ mod inspect_cmd;
 mod merge_cmd;
 mod plan_cmd;
 mod report_cmd;
+mod reward_model_cmd;
 mod sft_cmd;
 mod train_cmd;
 
@@ -46,6 +47,11 @@ enum Command {
     Merge(merge_cmd::MergeArgs),
     /// Supervised fine-tuning from a TOML config (full or LoRA), with eval, checkpoints, resume.
     Sft(sft_cmd::SftArgs),
+    /// Train a reward model (a `score` head, Bradley-Terry loss) on preference pairs from a
+    /// TOML config (full or LoRA); exports what AutoModelForSequenceClassification loads.
+    RewardModel(reward_model_cmd::RewardModelArgs),
+    /// Score rows (pairs, prompt + completion, messages, text) with a reward model.
+    Score(reward_model_cmd::ScoreArgs),
     /// GRPO (and Dr. GRPO / DAPO / BNPO) from a TOML config: rollouts, rewards, metrics, resume;
     /// `advantage_estimator` switches to RLOO, REINFORCE++(-baseline) or PPO's GAE.
     Grpo(grpo_cmd::GrpoArgs),
@@ -61,7 +67,8 @@ enum Command {
     Eval(grpo_cmd::EvalArgs),
     /// Reward tools: `rlft reward test` scores completions from a JSONL file without a model.
     Reward(grpo_cmd::RewardArgs),
-    /// Generate datasets: `rlft data tiny-python-expr` writes the seed example's prompt set.
+    /// Generate datasets: `rlft data tiny-python-expr` writes the seed example's prompt set
+    /// (`--preferences`: preference pairs of it).
     Data(data_cmd::DataArgs),
     /// Write the report of a GRPO run: summary card, reward dashboard (PNG/SVG), rollouts, HTML.
     Report(report_cmd::ReportArgs),
@@ -103,6 +110,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Convert(a) => inspect_cmd::run_convert(a),
         Command::Merge(a) => merge_cmd::run_merge(a),
         Command::Sft(a) => sft_cmd::run(a),
+        Command::RewardModel(a) => reward_model_cmd::run(a),
+        Command::Score(a) => reward_model_cmd::run_score(a),
         Command::Grpo(a) => grpo_cmd::run::<rlft::config::grpo::GrpoConfig>(a),
         Command::Rloo(a) => grpo_cmd::run::<rlft::config::online::RlooConfig>(a),
         Command::Ppo(a) => grpo_cmd::run::<rlft::config::online::PpoConfig>(a),

@@ -245,6 +245,16 @@ impl CausalLm {
         !self.headless
     }
 
+    /// Frees an untied LM head (and its GGUF blocks): a reward model or critic reads hidden
+    /// states only. Afterwards the model computes no logits ([`Self::has_lm_head`]); a tied
+    /// head is the embedding matrix, which stays.
+    pub fn drop_lm_head(&mut self) {
+        if self.lm_head.take().is_some() {
+            self.headless = true;
+        }
+        self.head_quant = None;
+    }
+
     /// An error unless the model has an LM head (logits, log-probs and generation need one).
     pub fn require_lm_head(&self) -> Result<()> {
         if self.headless {

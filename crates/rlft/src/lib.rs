@@ -11,8 +11,8 @@
 //!   the online algorithms.
 //! - [`run`]: the run core every trainer plugs into ([`run::Algorithm`]): loop, optimiser step,
 //!   checkpoints and exact resume, eval cadence, metrics, Ctrl-C, export, summary.
-//! - [`sft`], [`grpo`]: the trainers, each a small [`run::Algorithm`]; [`grpo`] is the whole
-//!   online family (GRPO, RLOO, REINFORCE++, PPO), [`ppo`] PPO's critic.
+//! - [`sft`], [`grpo`], [`reward_model`]: the trainers, each a small [`run::Algorithm`];
+//!   [`grpo`] is the whole online family (GRPO, RLOO, REINFORCE++, PPO), [`ppo`] PPO's critic.
 //! - [`plan`]: a run's peak memory, predicted from the config and the model's shape.
 //! - [`error`]: [`TrainerError`], the one error type of the trainers.
 
@@ -23,6 +23,7 @@ pub mod error;
 pub mod grpo;
 pub mod plan;
 pub mod ppo;
+pub mod reward_model;
 pub mod rollout;
 pub mod run;
 pub mod sft;

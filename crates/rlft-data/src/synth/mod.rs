@@ -64,6 +64,7 @@
 
 mod pyjson;
 pub mod tiny_python_expr;
+pub mod tiny_python_expr_preferences;
 
 use std::path::{Path, PathBuf};
 

@@ -18,6 +18,8 @@
 //!   optional k3 KL penalty (with the ratio's bias correction), aggregated over tokens as
 //!   [`LossType`] says (GRPO, BNPO, Dr. GRPO, DAPO); its settings in [`loss_config`].
 //! - [`loop_ref`]: the same computations as plain scalar loops in `f64`, with the analytic
+//! - [`reward`]: the Bradley-Terry loss of reward models with TRL's margin and centring terms,
+//!   and the statistics TRL logs of preference pairs.
 //!   gradient of the loss; the tests check the vectorised code against it.
 //!
 //! Papers:
@@ -45,6 +47,7 @@ pub mod estimators;
 pub mod loop_ref;
 pub mod loss;
 pub mod loss_config;
+pub mod reward;
 pub mod rloo_loss;
 pub mod value_loss;
 

@@ -2,14 +2,44 @@
 //!
 //! - [`prompts`]: chat-templated prompt ids for the online trainers (GRPO and the algorithms
 //!   that sample completions);
+//! - [`preferences`]: `prompt` / `chosen` / `rejected` rows (standard or conversational, the
+//!   prompt extracted when implicit) -> rendered texts and reward-model pairs;
 //! - [`sft`]: prompt-completion and conversational rows -> `(input_ids, loss_mask)` for SFT;
 //! - [`DataCursor`]: a seeded, resumable walk over a dataset's rows, epoch by epoch.
 
+pub mod preferences;
 pub mod prompts;
 pub mod sft;
 
+use rlft_data::{load_dataset, train_test_split, Dataset};
 use rlft_train::checkpoint::DataPosition;
 use serde::{Deserialize, Serialize};
+
+use crate::config::TrainingArgs;
+use crate::error::Result;
+
+/// The train and eval datasets of an offline trainer's settings: `eval_dataset` (with
+/// `eval_split`), else `dataset`'s `eval_split`, else `eval_size` rows held out of `dataset`
+/// (a fraction when < 1, a count otherwise; 0 = no eval data), shuffled by `seed`.
+pub fn train_eval_datasets(
+    args: &TrainingArgs,
+    eval_size: f64,
+) -> Result<(Dataset, Option<Dataset>)> {
+    let full = load_dataset(&args.dataset, Some(&args.dataset_split))?;
+    Ok(match (&args.eval_dataset, &args.eval_split) {
+        (Some(p), split) => (full, Some(load_dataset(p, split.as_deref())?)),
+        (None, Some(split)) => (full, Some(load_dataset(&args.dataset, Some(split))?)),
+        (None, None) if eval_size > 0.0 => {
+            let parts = if eval_size >= 1.0 {
+                train_test_split(&full, eval_size as usize, args.seed)?
+            } else {
+                train_test_split(&full, eval_size, args.seed)?
+            };
+            (parts.train, Some(parts.test))
+        }
+        (None, None) => (full, None),
+    })
+}
 
 /// What to do with rows longer than their limit (`truncation`, `prompt_truncation`); both are
 /// counted and reported.

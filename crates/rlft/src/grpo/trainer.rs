@@ -428,11 +428,17 @@ impl Algorithm for Grpo<'_> {
         self.critic.map(|c| c.vars.clone()).unwrap_or_default()
     }
 
-    fn export(&self, out_dir: &std::path::Path) -> Result<()> {
-        match self.critic {
-            Some(c) => c.export(out_dir),
-            None => Ok(()),
+    fn export(
+        &self,
+        out_dir: &std::path::Path,
+        model_name: &str,
+        policy: &Policy,
+    ) -> Result<std::path::PathBuf> {
+        let dir = crate::run::setup::export_final(out_dir, model_name, policy)?;
+        if let Some(c) = self.critic {
+            c.export(out_dir)?;
         }
+        Ok(dir)
     }
 
     fn evaluate(&mut self, policy: &Policy, at: Position) -> Result<Option<Metrics>> {

@@ -210,9 +210,11 @@ pub trait Algorithm: Send {
         Vec::new()
     }
 
-    /// Writes what the algorithm owns besides the policy when a run finishes (PPO's critic).
-    fn export(&self, _out_dir: &Path) -> Result<()> {
-        Ok(())
+    /// Writes the final model under `out_dir` (`model_name`: the config's `model`, recorded in
+    /// a PEFT adapter) and returns the directory of the usable model. Default: the policy as a
+    /// causal LM ([`setup::export_final`]); a reward model writes its score head too.
+    fn export(&self, out_dir: &Path, model_name: &str, policy: &Policy) -> Result<PathBuf> {
+        Ok(setup::export_final(out_dir, model_name, policy)?)
     }
 }
 
@@ -501,8 +503,7 @@ fn finish<C: TrainerConfig, A: Algorithm>(
         if let Some(m) = &run.summary.eval_final {
             eprintln!("eval after training: {}", short(m, A::EVAL_LINE));
         }
-        run.summary.final_dir = Some(setup::export_final(run.out_dir, &args.model, policy)?);
-        algo.export(run.out_dir)?;
+        run.summary.final_dir = Some(algo.export(run.out_dir, &args.model, policy)?);
     }
     run.summary.wall_time_s = start.elapsed().as_secs_f64();
     run.progress.finish(&format!(

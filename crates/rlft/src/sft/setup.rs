@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use candle_core::Device;
-use rlft_data::{load_dataset, train_test_split, Dataset};
+use rlft_data::Dataset;
 use rlft_text::TextBundle;
 
 use crate::config::sft::SftConfig;
@@ -66,32 +66,12 @@ fn examples(
     Ok(out)
 }
 
-/// The train and eval datasets of a config: `eval_dataset` (with `eval_split`), else
-/// `dataset`'s `eval_split`, else `eval_size` rows held out of `dataset`.
-fn datasets(cfg: &SftConfig) -> Result<(Dataset, Option<Dataset>)> {
-    let a = &cfg.args;
-    let full = load_dataset(&a.dataset, Some(&a.dataset_split))?;
-    Ok(match (&a.eval_dataset, &a.eval_split) {
-        (Some(p), split) => (full, Some(load_dataset(p, split.as_deref())?)),
-        (None, Some(split)) => (full, Some(load_dataset(&a.dataset, Some(split))?)),
-        (None, None) if cfg.eval_size > 0.0 => {
-            let parts = if cfg.eval_size >= 1.0 {
-                train_test_split(&full, cfg.eval_size as usize, a.seed)?
-            } else {
-                train_test_split(&full, cfg.eval_size, a.seed)?
-            };
-            (parts.train, Some(parts.test))
-        }
-        (None, None) => (full, None),
-    })
-}
-
 /// Loads the policy and the examples and derives the step arithmetic (printed).
 pub fn prepare(cfg: &SftConfig, model_path: &Path, device: &Device) -> Result<Prepared> {
     let a = &cfg.args;
     // SFT never decodes: no GGUF blocks beside the weights, and no initial copy kept.
     let (policy, _) = setup::load_policy(a, model_path, device, false)?;
-    let (train_ds, eval_ds) = datasets(cfg)?;
+    let (train_ds, eval_ds) = crate::data::train_eval_datasets(a, cfg.eval_size)?;
     let train = examples(cfg, &policy.text, &train_ds, "train")?;
     let eval = match &eval_ds {
         Some(d) => examples(cfg, &policy.text, d, "eval")?,

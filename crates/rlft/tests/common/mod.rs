@@ -1,10 +1,12 @@
-//! What the trainers' end-to-end tests share: a small arithmetic dataset.
+//! What the trainers' end-to-end tests share: small arithmetic datasets (each test binary
+//! uses some of them, hence the `dead_code` allowances).
 
 pub mod online;
 
 use std::path::Path;
 
 /// Writes `n` rows `{"prompt": "12+7=", <answer_key>: "19"}` to `path` (JSONL).
+#[allow(dead_code)]
 pub fn write_sums(path: &Path, n: usize, answer_key: &str) {
     let mut s = String::new();
     for i in 0..n {
@@ -28,4 +30,25 @@ pub fn weights(policy: &rlft::run::Policy) -> Vec<(String, Vec<f32>)> {
             (n.clone(), t.flatten_all().unwrap().to_vec1().unwrap())
         })
         .collect()
+}
+
+/// Writes `n` preference rows `{"prompt": "12+7=", "chosen": "19", "rejected": "20"}` to `path`
+/// (JSONL; the rejected answer is off by 1 to 3), with a `margin` column when asked.
+#[allow(dead_code)]
+pub fn write_sum_preferences(path: &Path, n: usize, margin: bool) {
+    let mut s = String::new();
+    for i in 0..n {
+        let (a, b) = (i * 7 % 23, i * 5 % 17);
+        let mut row = serde_json::json!({
+            "prompt": format!("{a}+{b}="),
+            "chosen": format!("{}", a + b),
+            "rejected": format!("{}", a + b + 1 + i % 3),
+        });
+        if margin {
+            row["margin"] = serde_json::json!((i % 4) as f64 * 0.25);
+        }
+        s.push_str(&row.to_string());
+        s.push('\n');
+    }
+    std::fs::write(path, s).unwrap();
 }

@@ -1,0 +1,302 @@
+//! The reward-model trainer: `rlft reward-model --config rm.toml`, on the run core
+//! ([`crate::run`]), as TRL's `RewardTrainer`.
+//!
+//! A decoder with a scalar `score` head ([`rlft_model::score`]) learns from preference pairs
+//! with the Bradley-Terry loss ([`crate::algo::reward`]): each micro-batch scores its chosen and
+//! rejected sequences in one left-padded forward pass (chosen rows first, as TRL's
+//! `DataCollatorForPreference`), reads each at its last non-pad token, and adds
+//! `-log sigmoid(r_c - r_r - margin)` (plus the centring term) per pair; the sum over a
+//! micro-batch is divided by the pairs of the whole optimiser step, so batch 8 x accumulation 1
+//! equals 4 x 2 (TRL's mean per micro-batch over equal micro-batches). The head trains beside
+//! the LoRA adapters (PEFT's `modules_to_save`) or with every weight.
+//!
+//! Metrics (TRL's names): `loss`, `accuracy` (share of pairs whose chosen scores higher),
+//! `margin` (mean `r_c - r_r`), `min_reward` / `mean_reward` / `max_reward`, and the same with
+//! `eval_` on the eval pairs. Where TRL averages per-micro-batch values over the logging
+//! window (its min and max are means of per-batch minima and maxima), rlft logs each step's
+//! values over all of its pairs, and the eval values over all eval pairs.
+//!
+//! [`score`] scores dataset rows with a trained reward model (`rlft score`).
+//!
+//! The final export is an HF `*ForSequenceClassification` directory (`final/`) that
+//! `AutoModelForSequenceClassification` loads, and with LoRA also the PEFT adapter with the head
+//! (`adapter/`).
+
+pub mod score;
+mod setup;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use candle_core::{DType, Tensor};
+use rlft_model::score::{
+    save_score_adapter, save_score_model, sequence_scores, ScoreBatch, ScoreHead,
+};
+use serde_json::{json, Value};
+
+use crate::algo::reward::{pair_losses, PairStats};
+use crate::config::reward::RewardConfig;
+use crate::data::preferences::RewardPair;
+use crate::data::DataCursor;
+use crate::error::Result;
+use crate::run::{
+    Algorithm, Metrics, Policy, Position, RunOptions, RunSummary, StepOutcome, StepStats,
+};
+pub use setup::{prepare, Prepared};
+
+/// The scores of pairs: chosen and rejected of each, from one forward pass.
+struct PairScores {
+    /// `[2n]`: the chosen rows' scores, then the rejected rows'.
+    scores: Tensor,
+    /// Real tokens of the batch.
+    tokens: usize,
+}
+
+/// Scores `pairs` (chosen rows first, then rejected) with `head` on `model`.
+fn score_pairs(
+    model: &rlft_model::CausalLm,
+    head: &ScoreHead,
+    pairs: &[&RewardPair],
+    pad_id: u32,
+    grad: bool,
+) -> Result<PairScores> {
+    let rows: Vec<Vec<u32>> = pairs
+        .iter()
+        .map(|p| p.chosen_ids.clone())
+        .chain(pairs.iter().map(|p| p.rejected_ids.clone()))
+        .collect();
+    let sb = ScoreBatch::new(&rows, pad_id, model.device())?;
+    Ok(PairScores {
+        scores: sequence_scores(model, head, &sb, grad)?,
+        tokens: sb.num_tokens,
+    })
+}
+
+/// The per-pair losses `[n]` and the chosen / rejected scores of `s` for `pairs`.
+fn losses(
+    cfg: &RewardConfig,
+    s: &PairScores,
+    pairs: &[&RewardPair],
+    has_margin: bool,
+) -> Result<(Tensor, Vec<f32>, Vec<f32>)> {
+    let n = pairs.len();
+    let chosen = s.scores.narrow(0, 0, n)?;
+    let rejected = s.scores.narrow(0, n, n)?;
+    let margin = if has_margin {
+        let m: Vec<f64> = pairs.iter().map(|p| p.margin).collect();
+        Some(Tensor::new(m, s.scores.device())?.to_dtype(s.scores.dtype())?)
+    } else {
+        None
+    };
+    let l = pair_losses(
+        &chosen,
+        &rejected,
+        margin.as_ref(),
+        cfg.center_rewards_coefficient,
+    )?;
+    let v = |t: &Tensor| -> Result<Vec<f32>> { Ok(t.to_dtype(DType::F32)?.to_vec1()?) };
+    Ok((l, v(&chosen)?, v(&rejected)?))
+}
+
+/// A reward model as an [`Algorithm`]: a unit is one optimiser step's micro-batches of pairs.
+struct RewardModel<'a> {
+    cfg: &'a RewardConfig,
+    head: &'a ScoreHead,
+    train: &'a [RewardPair],
+    eval: &'a [RewardPair],
+    has_margin: bool,
+    total_steps: u64,
+    /// The current step's chosen and rejected scores (for min / max), drained by
+    /// `step_metrics`.
+    step_scores: Mutex<(Vec<f32>, Vec<f32>)>,
+}
+
+impl Algorithm for RewardModel<'_> {
+    type Unit = Vec<Vec<usize>>;
+
+    const STEP_LINE: &'static [(&'static str, &'static str)] = &[
+        ("loss", "loss"),
+        ("accuracy", "acc"),
+        ("margin", "margin"),
+        ("grad_norm", "gnorm"),
+        ("learning_rate", "lr"),
+    ];
+    const PROGRESS_LINE: &'static [(&'static str, &'static str)] =
+        &[("loss", "loss"), ("accuracy", "acc")];
+    const EVAL_LINE: &'static [(&'static str, &'static str)] = &[
+        ("eval_loss", "loss"),
+        ("eval_accuracy", "accuracy"),
+        ("eval_margin", "margin"),
+    ];
+
+    fn data_len(&self) -> usize {
+        self.train.len()
+    }
+
+    fn total_steps(&self) -> u64 {
+        self.total_steps
+    }
+
+    fn next_unit(
+        &mut self,
+        _policy: &Policy,
+        data: &mut DataCursor,
+        _at: Position,
+        _times: &mut Metrics,
+    ) -> Result<Self::Unit> {
+        let a = &self.cfg.args;
+        Ok((0..a.gradient_accumulation_steps)
+            .map(|_| data.take(a.per_device_train_batch_size))
+            .collect())
+    }
+
+    fn steps(&self, unit: &Self::Unit) -> Vec<Vec<Vec<usize>>> {
+        vec![unit.clone()]
+    }
+
+    fn micro_loss(
+        &self,
+        policy: &Policy,
+        _unit: &Self::Unit,
+        step: &[Vec<usize>],
+        micro: &[usize],
+        stats: &mut StepStats,
+    ) -> Result<Tensor> {
+        let step_pairs: usize = step.iter().map(Vec::len).sum();
+        let pairs: Vec<&RewardPair> = micro.iter().map(|&i| &self.train[i]).collect();
+        let s = score_pairs(&policy.model, self.head, &pairs, policy.pad_id, true)?;
+        let (l, chosen, rejected) = losses(self.cfg, &s, &pairs, self.has_margin)?;
+        stats.tokens += s.tokens;
+        let st = PairStats::of(&chosen, &rejected);
+        let n = pairs.len() as f64;
+        stats.add("accuracy", st.accuracy, n);
+        stats.add("margin", st.margin, n);
+        stats.add("mean_reward", st.mean_reward, 2.0 * n);
+        let mut all = self.step_scores.lock().expect("not poisoned");
+        all.0.extend(chosen);
+        all.1.extend(rejected);
+        Ok((l.sum_all()? / step_pairs.max(1) as f64)?)
+    }
+
+    fn step_metrics(&self, _: &Self::Unit, out: &StepOutcome, _: bool, _: &Metrics) -> Metrics {
+        let (chosen, rejected) = std::mem::take(&mut *self.step_scores.lock().expect("poison"));
+        let st = PairStats::of(&chosen, &rejected);
+        let mut m: Metrics = vec![
+            ("loss".into(), out.loss),
+            ("learning_rate".into(), out.lr),
+            (
+                "grad_norm".into(),
+                if out.applied { out.grad_norm } else { f64::NAN },
+            ),
+        ];
+        m.extend(out.stats.means().map(|(k, v)| (k.to_string(), v)));
+        m.push(("min_reward".into(), st.min_reward));
+        m.push(("max_reward".into(), st.max_reward));
+        m.push((
+            "tokens_per_s".into(),
+            out.tokens as f64 / out.seconds.max(1e-9),
+        ));
+        m
+    }
+
+    fn observe(&mut self, step: u64, metrics: &Metrics) -> Vec<String> {
+        let skipped = metrics.iter().any(|(k, v)| k == "grad_norm" && v.is_nan());
+        skipped
+            .then(|| {
+                format!(
+                    "[non_finite]: step {step}: non-finite loss or gradient norm; step skipped \
+                     (lower the learning rate or check the data)"
+                )
+            })
+            .into_iter()
+            .collect()
+    }
+
+    fn evaluate(&mut self, policy: &Policy, _at: Position) -> Result<Option<Metrics>> {
+        if self.eval.is_empty() {
+            return Ok(None);
+        }
+        let plain = rlft_model::trainable::detached(&policy.model);
+        let head = self.head.detached();
+        let (mut total, mut chosen, mut rejected) = (0f64, Vec::new(), Vec::new());
+        let batch = self.cfg.args.per_device_train_batch_size.max(1);
+        for chunk in self.eval.chunks(batch) {
+            let pairs: Vec<&RewardPair> = chunk.iter().collect();
+            let s = score_pairs(&plain, &head, &pairs, policy.pad_id, false)?;
+            let (l, c, r) = losses(self.cfg, &s, &pairs, self.has_margin)?;
+            total += l.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+            chosen.extend(c);
+            rejected.extend(r);
+        }
+        let st = PairStats::of(&chosen, &rejected);
+        Ok(Some(vec![
+            ("eval_loss".into(), total / self.eval.len() as f64),
+            ("eval_accuracy".into(), st.accuracy),
+            ("eval_margin".into(), st.margin),
+            ("eval_min_reward".into(), st.min_reward),
+            ("eval_mean_reward".into(), st.mean_reward),
+            ("eval_max_reward".into(), st.max_reward),
+        ]))
+    }
+
+    fn export(&self, out_dir: &Path, model_name: &str, policy: &Policy) -> Result<PathBuf> {
+        export(out_dir, model_name, policy, self.head)
+    }
+}
+
+/// Writes the reward model: `final/` (an HF `*ForSequenceClassification` directory, the
+/// adapters merged) and, with LoRA, `adapter/` (PEFT, the head in `modules_to_save`).
+pub fn export(
+    out_dir: &Path,
+    model_name: &str,
+    policy: &Policy,
+    head: &ScoreHead,
+) -> Result<PathBuf> {
+    let opts = rlft_model::export::ExportOptions {
+        overwrite: true,
+        ..Default::default()
+    };
+    let mut plain = rlft_model::trainable::detached(&policy.model);
+    let head = head.detached();
+    let out = out_dir.join("final");
+    if let Some(l) = &policy.lora {
+        let adapter = out_dir.join("adapter");
+        save_score_adapter(&plain, &head, l, &adapter, Some(model_name))?;
+        rlft_model::lora::merge_lora(&mut plain)?;
+        eprintln!("wrote adapter {} (score head included)", adapter.display());
+    }
+    let (text, generation) = (&policy.text, &policy.generation);
+    save_score_model(&plain, &head, text, generation, policy.pad_id, &out, &opts)?;
+    eprintln!("wrote reward model {}", out.display());
+    Ok(out)
+}
+
+/// Trains the reward model as configured. Prints progress when asked; writes metrics,
+/// checkpoints and the final model under `output_dir`.
+pub fn train(cfg: &RewardConfig, p: &mut Prepared, opts: &RunOptions) -> Result<RunSummary> {
+    let mut algo = RewardModel {
+        cfg,
+        head: &p.head,
+        train: &p.train,
+        eval: &p.eval,
+        has_margin: p.has_margin,
+        total_steps: p.total_steps as u64,
+        step_scores: Mutex::default(),
+    };
+    crate::run::run(cfg, &mut algo, &mut p.policy, opts)
+}
+
+/// The JSON summary line `rlft reward-model` prints at the end.
+pub fn summary_json(s: &RunSummary) -> Value {
+    json!({
+        "global_step": s.global_step,
+        "initial_eval_accuracy": s.initial_metric("eval_accuracy"),
+        "final_eval_accuracy": s.final_metric("eval_accuracy"),
+        "final_eval_loss": s.final_metric("eval_loss"),
+        "final_eval_margin": s.final_metric("eval_margin"),
+        "last_train_loss": s.step_values("loss").last(),
+        "skipped_steps": s.skipped_steps,
+        "interrupted": s.interrupted,
+        "final_dir": s.final_dir,
+    })
+}
