@@ -132,10 +132,7 @@ pub fn completion(reg: &Registry, req: CompletionRequest) -> Result<Prepared, Ap
             ));
         }
     }
-    let top = req
-        .logprobs
-        .map(|k| check_top(k, "logprobs"))
-        .transpose()?;
+    let top = req.logprobs.map(|k| check_top(k, "logprobs")).transpose()?;
     let job = job(
         &model,
         prompts,

@@ -45,7 +45,7 @@ pub enum RegistryError {
         /// Its directory.
         path: PathBuf,
         /// What went wrong.
-        source: rlft_model::ModelError,
+        source: Box<rlft_model::ModelError>,
     },
 }
 
@@ -134,12 +134,10 @@ impl Registry {
     ) -> Result<Arc<ServedModel>, RegistryError> {
         self.check_name(name, replace)?;
         let mut model = self.base.model.clone();
-        rlft_model::peft::load_adapter(&mut model, path).map_err(|source| {
-            RegistryError::Load {
-                name: name.to_string(),
-                path: path.to_path_buf(),
-                source,
-            }
+        rlft_model::peft::load_adapter(&mut model, path).map_err(|source| RegistryError::Load {
+            name: name.to_string(),
+            path: path.to_path_buf(),
+            source: Box::new(source),
         })?;
         if !decode_fast::supported(&model) {
             return Err(RegistryError::Unsupported);

@@ -105,7 +105,10 @@ impl Meta {
                 json!({ "content": content })
             }
             Kind::Completion => {
-                let texts: Vec<String> = tokens.iter().map(|(s, _)| self.token_text(s.token)).collect();
+                let texts: Vec<String> = tokens
+                    .iter()
+                    .map(|(s, _)| self.token_text(s.token))
+                    .collect();
                 let mut at = offset;
                 let offsets: Vec<usize> = texts
                     .iter()
@@ -172,7 +175,10 @@ pub async fn collect(p: Prepared, mut rx: UnboundedReceiver<Event>) -> Response 
     while open > 0 {
         match rx.recv().await {
             Some(Event::Token {
-                choice, token, top, text,
+                choice,
+                token,
+                top,
+                text,
             }) => {
                 let c = &mut choices[choice];
                 c.text.push_str(&text);
@@ -302,7 +308,10 @@ impl Streamer {
         }
         match self.rx.recv().await {
             Some(Event::Token {
-                choice, token, top, text,
+                choice,
+                token,
+                top,
+                text,
             }) => {
                 self.completion += 1;
                 if text.is_empty() && !self.meta.logprobs && !self.meta.return_token_ids {
@@ -333,9 +342,9 @@ impl Streamer {
             }
             Some(Event::Failed(msg)) => return Some(self.fail(msg)),
             None => {
-                return Some(self.fail(
-                    "the engine stopped before the request finished".to_string(),
-                ))
+                return Some(
+                    self.fail("the engine stopped before the request finished".to_string()),
+                )
             }
         }
         Some(out)

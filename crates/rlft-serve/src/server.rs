@@ -165,15 +165,10 @@ async fn load_lora(State(s): State<AppState>, ApiJson(req): ApiJson<LoadLora>) -
     let reg = s.registry.clone();
     let (name, path) = (req.lora_name.clone(), PathBuf::from(&req.lora_path));
     let loaded =
-        tokio::task::spawn_blocking(move || reg.load_adapter(&name, &path, req.load_inplace))
-            .await;
+        tokio::task::spawn_blocking(move || reg.load_adapter(&name, &path, req.load_inplace)).await;
     match loaded {
         Ok(Ok(m)) => {
-            eprintln!(
-                "loaded LoRA adapter `{}` from {}",
-                m.name,
-                m.root.display()
-            );
+            eprintln!("loaded LoRA adapter `{}` from {}", m.name, m.root.display());
             plain(format!(
                 "Success: LoRA adapter '{}' added successfully.",
                 req.lora_name

@@ -162,13 +162,7 @@ impl State {
         for r in runs {
             for p in 0..r.job.prompts.len() {
                 for s in 0..r.job.n {
-                    let seq = Seq::new(
-                        r.clone(),
-                        p,
-                        s,
-                        caches[at].clone(),
-                        logits[at].clone(),
-                    );
+                    let seq = Seq::new(r.clone(), p, s, caches[at].clone(), logits[at].clone());
                     self.seqs.push(seq);
                 }
                 at += 1;
