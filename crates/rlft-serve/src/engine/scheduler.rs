@@ -79,9 +79,6 @@ impl State {
             self.sample();
             self.retire();
             self.decode();
-            self.shared
-                .running_seqs
-                .store(self.seqs.len(), Ordering::SeqCst);
         }
     }
 
@@ -136,6 +133,9 @@ impl State {
             admitted = rest;
             self.prefill(&model.model, same);
         }
+        self.shared
+            .running_seqs
+            .store(self.seqs.len(), Ordering::SeqCst);
     }
 
     /// Prefills the prompts of `runs` (all on `model`) and adds their sequences.
@@ -209,6 +209,7 @@ impl State {
             }
             false
         });
+        shared.running_seqs.store(self.seqs.len(), Ordering::SeqCst);
     }
 
     /// Feeds every sequence its last token: one forward call per model, caches grown first
