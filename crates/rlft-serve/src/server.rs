@@ -79,32 +79,43 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
-        let limit = state.max_body_bytes;
-        let declared = req
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        if declared.is_some_and(|n| n > limit) {
-            return Err(ApiError::too_large(limit));
-        }
-        let bytes = axum::body::to_bytes(req.into_body(), limit)
-            .await
-            .map_err(|e| {
-                let over = std::error::Error::source(&e)
-                    .is_some_and(|s| s.to_string().contains("length limit exceeded"));
-                if over {
-                    ApiError::too_large(limit)
-                } else {
-                    ApiError::bad_request(format!("could not read the request body: {e}"))
-                }
-            })?;
+        let bytes = read_body(req.into_body(), state.max_body_bytes).await?;
         serde_json::from_slice(&bytes).map(ApiJson).map_err(|e| {
             ApiError::bad_request(format!(
                 "the request body is not valid JSON for this endpoint: {e}"
             ))
         })
     }
+}
+
+/// Bytes read past the limit before answering 413 and closing: a client that writes its whole
+/// body before reading (most do, without `Expect: 100-continue`) then sees the 413 instead of a
+/// broken pipe.
+const DISCARD_LIMIT: usize = 64 << 20;
+
+/// The body, or 413 when it is over `limit` bytes (read on, up to [`DISCARD_LIMIT`], and
+/// dropped).
+async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
+    use futures_util::StreamExt;
+    let mut stream = body.into_data_stream();
+    let mut buf = Vec::new();
+    let mut seen = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ApiError::bad_request(format!("could not read the request body: {e}"))
+        })?;
+        seen += chunk.len();
+        if seen > DISCARD_LIMIT {
+            break;
+        }
+        if seen <= limit {
+            buf.extend_from_slice(&chunk);
+        }
+    }
+    if seen > limit {
+        return Err(ApiError::too_large(limit));
+    }
+    Ok(buf)
 }
 
 async fn health(State(s): State<AppState>) -> Response {
