@@ -7,9 +7,10 @@ one JSON object: errors, p50/p99 latency, total completion tokens per second.
     # or measures a server that is already running (e.g. llama-cpp-python's)
     ~/.cache/rlft/reference/venv/bin/python bench/serve/load.py --base-url http://127.0.0.1:8000/v1 --model M
 
-Requests are seeded and ask the server to ignore end-of-sequence (`ignore_eos`, which rlft serve,
-vLLM and llama.cpp honour), so every server decodes the same number of tokens; the tokens counted
-are those the server reports in `usage`. Run it with nothing else busy on the machine (under
+Requests are seeded and ask the server to ignore end-of-sequence (`ignore_eos`, which rlft serve
+and vLLM honour; for llama-cpp-python `--eos-logit-bias 2 0` bans SmolLM2's end tokens instead), so
+every server decodes the same number of tokens; the tokens counted are those the server reports
+in `usage`. Run it with nothing else busy on the machine (under
 `flock /tmp/rlft-bench.lock`).
 """
 
@@ -75,11 +76,19 @@ async def one(client, model, i, args):
             max_tokens=max_tokens,
             temperature=0.7,
             seed=i,
-            extra_body={"ignore_eos": True},
+            **eos_options(args),
         )
         return time.perf_counter() - t0, r.usage.completion_tokens, None
     except Exception as e:  # noqa: BLE001 - every failure counts as an error
         return time.perf_counter() - t0, 0, repr(e)
+
+
+def eos_options(args):
+    """`ignore_eos`, or for a server without it (llama-cpp-python) a -100 logit bias on the
+    end-of-sequence ids: either way every request decodes its max_tokens."""
+    if args.eos_logit_bias:
+        return {"logit_bias": {str(t): -100 for t in args.eos_logit_bias}}
+    return {"extra_body": {"ignore_eos": True}}
 
 
 def percentile(xs, q):
@@ -93,7 +102,8 @@ async def run(args, base_url, model):
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0,
                                 timeout=3600)
     # One short request first, so model loading and first-call costs stay out of the numbers.
-    await one(client, model, 0, argparse.Namespace(min_tokens=4, max_tokens=4))
+    warm = argparse.Namespace(**{**vars(args), "min_tokens": 4, "max_tokens": 4})
+    await one(client, model, 0, warm)
     sem = asyncio.Semaphore(args.concurrency)
 
     async def bounded(i):
@@ -135,6 +145,8 @@ def main():
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--min-tokens", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--eos-logit-bias", type=int, nargs="*", default=[],
+                    help="end-of-sequence ids to ban with logit_bias instead of ignore_eos")
     ap.add_argument("--out", help="also write the JSON here")
     ap.add_argument("serve_args", nargs="*", help="extra `rlft serve` arguments (after --)")
     args = ap.parse_args()
