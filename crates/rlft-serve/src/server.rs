@@ -101,9 +101,8 @@ async fn read_body(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
     let mut buf = Vec::new();
     let mut seen = 0usize;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            ApiError::bad_request(format!("could not read the request body: {e}"))
-        })?;
+        let chunk = chunk
+            .map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
         seen += chunk.len();
         if seen > DISCARD_LIMIT {
             break;
