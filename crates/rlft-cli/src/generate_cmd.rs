@@ -189,9 +189,21 @@ pub struct ChatArgs {
     pub system: Option<String>,
 }
 
-/// Runs `rlft chat`: one line per user turn; `/reset`, `/system TEXT`, `/exit`.
+/// Runs `rlft chat`: one line per user turn; `/reset`, `/system TEXT`, `/exit`. Replies stream
+/// as they are decoded (through the server's engine, [`rlft_serve::Engine`]); a model the fused
+/// CPU decoder does not run (bf16, CUDA) prints each reply when it is done.
 pub fn run_chat(a: ChatArgs) -> Result<()> {
     let m = load(&a.model)?;
+    let sampling = a.sampling.params(&m);
+    let mut chat = if rlft_model::decode_fast::supported(&m.model) {
+        let registry = rlft_serve::Registry::new(m, "chat")?;
+        Replier::Streaming {
+            model: registry.base().clone(),
+            engine: rlft_serve::Engine::start(rlft_serve::EngineConfig::default()),
+        }
+    } else {
+        Replier::Whole(Box::new(m))
+    };
     let mut system = a.system.clone();
     let mut history: Vec<Message> = Vec::new();
     let stdin = std::io::stdin();
@@ -225,16 +237,93 @@ pub fn run_chat(a: ChatArgs) -> Result<()> {
         history.push(Message::user(line));
         let mut msgs: Vec<Message> = system.iter().map(|s| Message::system(s.as_str())).collect();
         msgs.extend(history.iter().cloned());
-        let ids = chat_prompt_ids(&m, &msgs)?;
-        let mut sampling = a.sampling.clone();
-        sampling.seed = a.sampling.seed.wrapping_add(turn);
-        let req = sampling.request(&m, vec![ids], 1);
-        let detok = |ids: &[u32]| m.text.decode(ids, true).unwrap_or_default();
-        let out = generate(&m.model, &req, &detok)?;
-        let reply = out[0].text.trim().to_string();
-        println!("{reply}");
+        let mut args = a.sampling.clone();
+        args.seed = a.sampling.seed.wrapping_add(turn);
+        let reply = match &mut chat {
+            Replier::Whole(m) => {
+                let ids = chat_prompt_ids(m, &msgs)?;
+                let req = args.request(m, vec![ids], 1);
+                let detok = |ids: &[u32]| m.text.decode(ids, true).unwrap_or_default();
+                let out = generate(&m.model, &req, &detok)?;
+                let reply = out[0].text.trim().to_string();
+                println!("{reply}");
+                reply
+            }
+            Replier::Streaming { model, engine } => {
+                let ids = served_chat_ids(model, &msgs)?;
+                let ctx = model.max_model_len();
+                if ids.len() + args.max_new_tokens > ctx {
+                    bail!(
+                        "the conversation ({} tokens) + --max-new-tokens ({}) exceeds the model's \
+                         context of {ctx} tokens; /reset the history or lower --max-new-tokens",
+                        ids.len(),
+                        args.max_new_tokens
+                    );
+                }
+                let job = rlft_serve::Job {
+                    model: model.clone(),
+                    prompts: vec![ids],
+                    n: 1,
+                    max_tokens: args.max_new_tokens.max(1),
+                    sampling: sampling.clone(),
+                    seed: args.seed,
+                    stop: rlft_text::StopStrings::new(args.stop.clone())?,
+                    ignore_eos: false,
+                    top_logprobs: None,
+                };
+                stream_reply(engine, job)?
+            }
+        };
         history.push(Message::assistant(reply.as_str()));
         turn += 1;
     }
     Ok(())
+}
+
+/// How `rlft chat` produces replies.
+enum Replier {
+    /// Token by token through the serving engine (the fused CPU decoder).
+    Streaming {
+        model: std::sync::Arc<rlft_serve::ServedModel>,
+        engine: rlft_serve::Engine,
+    },
+    /// One `generate` call per reply (other devices and dtypes).
+    Whole(Box<LoadedModel>),
+}
+
+/// Renders `messages` with a served model's chat template into prompt ids.
+fn served_chat_ids(m: &rlft_serve::ServedModel, messages: &[Message]) -> Result<Vec<u32>> {
+    let tpl = m.template.as_ref().map_err(|why| {
+        anyhow::anyhow!("this model has no usable chat template ({why}); use `rlft generate`")
+    })?;
+    let text = tpl.render(messages, &m.text.render_options(true))?;
+    Ok(m.text.encode(&text, false)?)
+}
+
+/// Prints a reply as its tokens are decoded (leading whitespace skipped, as the printed reply
+/// was trimmed before) and returns it trimmed.
+fn stream_reply(engine: &rlft_serve::Engine, job: rlft_serve::Job) -> Result<String> {
+    let mut rx = engine.submit(job)?;
+    let mut reply = String::new();
+    let mut out = std::io::stdout().lock();
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            rlft_serve::Event::Token { text, .. } => {
+                let piece = if reply.trim().is_empty() {
+                    text.trim_start()
+                } else {
+                    text.as_str()
+                };
+                reply.push_str(&text);
+                if !piece.is_empty() {
+                    write!(out, "{piece}")?;
+                    out.flush()?;
+                }
+            }
+            rlft_serve::Event::Finished { .. } => break,
+            rlft_serve::Event::Failed(e) => bail!("generation failed: {e}"),
+        }
+    }
+    writeln!(out)?;
+    Ok(reply.trim().to_string())
 }

@@ -11,6 +11,7 @@ mod merge_cmd;
 mod plan_cmd;
 mod report_cmd;
 mod reward_model_cmd;
+mod serve_cmd;
 mod sft_cmd;
 mod train_cmd;
 
@@ -34,6 +35,9 @@ enum Command {
     Generate(generate_cmd::GenerateArgs),
     /// Chat with a model interactively (/reset clears the history, /exit quits).
     Chat(generate_cmd::ChatArgs),
+    /// Serve a model (and LoRA adapters) over an OpenAI-compatible HTTP API: chat and text
+    /// completions, streaming, continuous batching, adapters loaded at run time.
+    Serve(serve_cmd::ServeArgs),
     /// Print a model's architecture, parameter count, dtypes, special tokens and chat template
     /// (`--runtime`: the CPU kernels' switches, SIMD level and threads).
     Inspect(inspect_cmd::InspectArgs),
@@ -104,6 +108,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Generate(a) => generate_cmd::run_generate(a),
         Command::Chat(a) => generate_cmd::run_chat(a),
+        Command::Serve(a) => serve_cmd::run(a),
         Command::Inspect(a) => inspect_cmd::run_inspect(a),
         Command::Tokenize(a) => inspect_cmd::run_tokenize(a),
         Command::Logprobs(a) => inspect_cmd::run_logprobs(a),

@@ -51,6 +51,35 @@ impl RowCache {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Positions it has room for.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Grows the room to at least `capacity` positions for `model` (the model it was made
+    /// for), keeping what is stored: a grown cache continues bit for bit as one made that large.
+    /// A server starts each sequence small and grows it as it decodes, instead of reserving its
+    /// whole token budget up front.
+    pub fn reserve(&mut self, model: &CausalLm, capacity: usize) {
+        if capacity <= self.capacity {
+            return;
+        }
+        let (heads, hd) = (model.config.num_key_value_heads, model.config.head_dim);
+        let (old_cap, len) = (self.capacity, self.len);
+        let grow = |old: &mut Vec<f32>| {
+            let mut new = vec![0f32; heads * capacity * hd];
+            for g in 0..heads {
+                let src = g * old_cap * hd;
+                let dst = g * capacity * hd;
+                new[dst..dst + len * hd].copy_from_slice(&old[src..src + len * hd]);
+            }
+            *old = new;
+        };
+        self.k.iter_mut().for_each(grow);
+        self.v.iter_mut().for_each(grow);
+        self.capacity = capacity;
+    }
 }
 
 /// Whether the fused path applies to this model: f32 weights (and LoRA adapters) on the CPU.
@@ -444,6 +473,28 @@ mod tests {
             shared_prefix_len(&[p(&[1, 2, 3]), p(&[1, 2, 4]), p(&[1, 9])]),
             1
         );
+    }
+
+    #[test]
+    fn a_grown_cache_continues_as_a_large_one() {
+        let model = random_model(tiny_config(Family::Qwen2), 4, DType::F32, &Device::Cpu).unwrap();
+        let prompt = vec![vec![5u32, 6, 7, 8, 9]];
+        let mut small = vec![RowCache::new(&model, 6)];
+        let mut large = vec![RowCache::new(&model, 12)];
+        forward(&model, &mut small, &prompt).unwrap();
+        forward(&model, &mut large, &prompt).unwrap();
+        small[0].reserve(&model, 4);
+        assert_eq!(small[0].capacity(), 6, "reserve never shrinks");
+        small[0].reserve(&model, 12);
+        assert_eq!((small[0].capacity(), small[0].len()), (12, 5));
+        for t in [3u32, 4, 11, 2] {
+            let a = forward(&model, &mut small, &[vec![t]]).unwrap();
+            let b = forward(&model, &mut large, &[vec![t]]).unwrap();
+            assert_eq!(
+                a, b,
+                "token {t}: a grown cache decodes bit for bit as a large one"
+            );
+        }
     }
 
     #[test]

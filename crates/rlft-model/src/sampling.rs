@@ -164,6 +164,37 @@ pub fn sample(logits: &[f32], seen: &[u32], p: &SamplingParams, rng: &mut Rng) -
     }
 }
 
+/// The `k` most likely tokens and their log-probabilities under the same distribution
+/// [`sample`] reports its log-probability in (temperature-scaled; greedy, `temperature = 0`,
+/// uses 1), most likely first (lower id first on ties): OpenAI's `top_logprobs`.
+pub fn top_logprobs(logits: &[f32], temperature: f32, k: usize) -> Vec<Sampled> {
+    let k = k.min(logits.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    let inv_t = if temperature > 0.0 {
+        1.0 / temperature
+    } else {
+        1.0
+    };
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let probs = unnormalised(logits, max, inv_t);
+    let log_total = probs.iter().map(|&x| x as f64).sum::<f64>().ln() as f32;
+    let by_logit = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, by_logit);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(by_logit);
+    idx.into_iter()
+        .map(|i| Sampled {
+            token: i as u32,
+            logprob: (logits[i] - max) * inv_t - log_total,
+        })
+        .collect()
+}
+
 /// Index of the largest value (first one on ties, as torch.argmax).
 pub fn argmax(x: &[f32]) -> usize {
     let mut best = 0;
@@ -330,6 +361,39 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn top_logprobs_are_the_sampled_distribution() {
+        let l: Vec<f32> = (0..500).map(|i| (i as f32 * 0.91).sin() * 6.0).collect();
+        for t in [0.0f32, 1.0, 0.6] {
+            let top = top_logprobs(&l, t, 5);
+            assert_eq!(top.len(), 5);
+            let inv_t = if t > 0.0 { 1.0 / t } else { 1.0 };
+            for (j, s) in top.iter().enumerate() {
+                let want = log_softmax_at(&l, inv_t, s.token as usize);
+                assert!(
+                    (s.logprob - want).abs() < 1e-5,
+                    "T {t}: {} vs {want}",
+                    s.logprob
+                );
+                if j > 0 {
+                    assert!(s.logprob <= top[j - 1].logprob);
+                }
+            }
+            let p = SamplingParams {
+                temperature: t,
+                ..SamplingParams::default()
+            };
+            // The greedy pick is the first entry, with the same log-probability.
+            if t == 0.0 {
+                let s = sample(&l, &[], &p, &mut Rng::new(0, 0, 0));
+                assert_eq!(s.token, top[0].token);
+                assert!((s.logprob - top[0].logprob).abs() < 1e-6);
+            }
+        }
+        assert!(top_logprobs(&l, 1.0, 0).is_empty());
+        assert_eq!(top_logprobs(&[1.0, 2.0], 1.0, 9).len(), 2);
     }
 
     #[test]
