@@ -9,7 +9,7 @@ use rayon::prelude::*;
 use rlft_model::decode_fast::{self, RowCache};
 
 use super::seq::{Running, Seq};
-use super::{EngineConfig, Event, Shared, Submitted};
+use super::types::{EngineConfig, Event, Shared, Submitted};
 
 /// Rows start with room for this many new tokens (or their whole budget if smaller) and grow
 /// by doubling ([`RowCache::reserve`]), so a request that never uses its `max_tokens` never

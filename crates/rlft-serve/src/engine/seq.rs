@@ -10,7 +10,7 @@ use rlft_model::FinishReason;
 use rlft_text::{IncrementalDecoder, StopMatcher};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::{Event, Job};
+use super::types::{Event, Job};
 
 /// A job the scheduler runs: the request and where its events go.
 pub(super) struct Running {
