@@ -16,7 +16,7 @@ use serde::Serialize;
 use super::activations::{self, Activations, HeadKernel, MicroBatch, Pass, Sized};
 use super::{
     count, tensors, trainable_tensors, weight_tensors, Component, GrpoShape, ModelDims, Phase,
-    RunShape, Tuning, AFTER_LOAD,
+    RunShape, Tuning, AFTER_LOAD, AFTER_POLICY_LOAD,
 };
 
 /// The value model's shape and files.
@@ -107,8 +107,6 @@ pub fn components(
     let trainable_elems = critic.trainable_tensors(&run.tuning);
     let grad_elems = critic.gradient_tensors(&run.tuning);
     let t: usize = trainable_elems.iter().sum::<u64>() as usize;
-    let mut after_load = vec![Phase::CriticLoad];
-    after_load.extend(AFTER_LOAD);
     let mut c = Vec::new();
     let mut add = |key, name: &str, size: Sized, detail: String, phases: &[Phase]| {
         c.push(Component {
@@ -135,7 +133,7 @@ pub fn components(
             },
             dims.hidden
         ),
-        &after_load,
+        &AFTER_POLICY_LOAD,
     );
     // Reading: the file, the largest tensor in f32 and (f32 GGUF) the blocks until they are
     // dropped; with full fine-tuning then the loaded weights while their copies are made.
@@ -192,7 +190,7 @@ pub fn components(
                 dims.layers
             ),
         },
-        &after_load,
+        &AFTER_POLICY_LOAD,
     );
     let state = tensors(&trainable_elems, 4);
     if full && run.bf16 {

@@ -517,6 +517,18 @@ const ALL: [Phase; 10] = [
     Phase::Export,
     Phase::CriticExport,
 ];
+/// Every phase once the policy is loaded (PPO's critic loads next).
+const AFTER_POLICY_LOAD: [Phase; 9] = [
+    Phase::CriticLoad,
+    Phase::Eval,
+    Phase::Generate,
+    Phase::Score,
+    Phase::Values,
+    Phase::Update,
+    Phase::Checkpoint,
+    Phase::Export,
+    Phase::CriticExport,
+];
 /// Every phase once the models are loaded (the optimizer exists).
 const AFTER_LOAD: [Phase; 8] = [
     Phase::Eval,
@@ -667,6 +679,8 @@ pub fn generation(
 /// - GRPO full fine-tuning with `beta > 0`: a reference copy `P x w` (the trainer keeps it when
 ///   `grpo::setup::passes` says so);
 /// - LoRA export (and bf16 rollout/eval): the merged copy of the adapted weights;
+/// - PPO's critic: its weights, trainable parameters, AdamW state, gradients, value pass,
+///   activations, checkpoint and export buffers ([`critic::components`]);
 /// - rollout KV caches: `prompts x G x L x 2 x kv_heads x head_dim x (prompt + completion) x
 ///   4` (f32) or x 2 (bf16), see [`generation`];
 /// - activations: [`activations::activations`].
@@ -834,7 +848,7 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
             "reference model".into(),
             weights,
             "beta > 0 with full fine-tuning: the initial weights, kept".into(),
-            &AFTER_LOAD,
+            &AFTER_POLICY_LOAD,
         ),
         (Workload::Grpo(g), false) if g.reference => add(
             "reference",

@@ -641,6 +641,20 @@ fn ppo_critic_full_fine_tuning() {
         b.critic_activations.as_ref().unwrap().kernels,
         Kernels::Composite
     );
+    // The policy's reference copy is kept from the policy's load on: alive while the critic
+    // loads (unlike AdamW's state, made after).
+    let mut with_ref = ppo(Tuning::Full, d, false);
+    if let Workload::Grpo(g) = &mut with_ref.workload {
+        g.reference = true;
+    }
+    let r = estimate(&d, &with_ref, &ENV).unwrap();
+    let phases = &r.component("reference").unwrap().phases;
+    assert!(phases.contains(&Phase::CriticLoad) && !phases.contains(&Phase::Load));
+    assert!(!r
+        .component("optimizer")
+        .unwrap()
+        .phases
+        .contains(&Phase::CriticLoad));
     // Checkpointing covers the policy only: the critic keeps every layer.
     let mut ckpt = ppo(Tuning::Full, d, false);
     ckpt.gradient_checkpointing = true;
