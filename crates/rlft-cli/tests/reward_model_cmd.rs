@@ -41,12 +41,25 @@ fn preferences_reward_model_and_score() {
     let d = |p: &str| dir.path().join(p).display().to_string();
     let model = d("model");
     save_tiny_hf_dir(tiny_config(Family::Qwen2), 3, Path::new(&model)).unwrap();
-    let data = ["data", "tiny-python-expr", "--preferences", "--train-size", "24"];
-    let out = ok(&rlft(&[&data[..], &["--test-size", "8", "--jsonl", "-o", &d("p")]].concat()));
+    let data = [
+        "data",
+        "tiny-python-expr",
+        "--preferences",
+        "--train-size",
+        "24",
+    ];
+    let out = ok(&rlft(
+        &[&data[..], &["--test-size", "8", "--jsonl", "-o", &d("p")]].concat(),
+    ));
     assert!(out.contains("rows: prompt, chosen"), "{out}");
-    ok(&rlft(&[&data[..], &["--test-size", "8", "--jsonl", "-o", &d("q")]].concat()));
+    ok(&rlft(
+        &[&data[..], &["--test-size", "8", "--jsonl", "-o", &d("q")]].concat(),
+    ));
     let train = std::fs::read_to_string(dir.path().join("p/train.jsonl")).unwrap();
-    assert_eq!(train, std::fs::read_to_string(dir.path().join("q/train.jsonl")).unwrap());
+    assert_eq!(
+        train,
+        std::fs::read_to_string(dir.path().join("q/train.jsonl")).unwrap()
+    );
     assert!(train.contains("\"rejected_kind\""));
     let toml = format!(
         "model = {model:?}\noutput_dir = {:?}\ndataset = {:?}\neval_split = \"test\"\n\
@@ -60,16 +73,38 @@ fn preferences_reward_model_and_score() {
     assert!(out.contains("\"final_eval_accuracy\""), "{out}");
     let (fin, adapter) = (d("out/final"), d("out/adapter"));
     let split = ["--data", &d("p"), "--split", "test"];
-    let out = ok(&rlft(&[&["score", "-m", &fin, "-o", &d("s1.jsonl")], &split[..]].concat()));
-    assert!(out.contains("scored 8 rows") && out.contains("accuracy"), "{out}");
-    let via_adapter = ["score", "-m", &adapter, "--base", &model, "-o", &d("s2.jsonl")];
+    let out = ok(&rlft(
+        &[&["score", "-m", &fin, "-o", &d("s1.jsonl")], &split[..]].concat(),
+    ));
+    assert!(
+        out.contains("scored 8 rows") && out.contains("accuracy"),
+        "{out}"
+    );
+    let via_adapter = [
+        "score",
+        "-m",
+        &adapter,
+        "--base",
+        &model,
+        "-o",
+        &d("s2.jsonl"),
+    ];
     ok(&rlft(&[&via_adapter[..], &split[..]].concat()));
-    let (a, b) = (scores(&dir.path().join("s1.jsonl")), scores(&dir.path().join("s2.jsonl")));
+    let (a, b) = (
+        scores(&dir.path().join("s1.jsonl")),
+        scores(&dir.path().join("s2.jsonl")),
+    );
     assert_eq!(a.len(), 8);
     for (x, y) in a.iter().zip(&b) {
-        assert!((x.0 - y.0).abs() < 1e-4 && (x.1 - y.1).abs() < 1e-4, "{x:?} vs {y:?}");
+        assert!(
+            (x.0 - y.0).abs() < 1e-4 && (x.1 - y.1).abs() < 1e-4,
+            "{x:?} vs {y:?}"
+        );
     }
     let bad = rlft(&[&["score", "-m", &model], &split[..]].concat());
     let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(!bad.status.success() && err.contains("not a reward model"), "{err}");
+    assert!(
+        !bad.status.success() && err.contains("not a reward model"),
+        "{err}"
+    );
 }
