@@ -22,7 +22,9 @@ With --run, the rows of DATA (preference rows) are tokenized in Python as TRL's
 RewardTrainer._prepare_dataset does (reward_trainer.py lines 680-730: EOS appended to standard
 completions, `prompt + chosen` through `apply_chat_template(tokenize=True)` for conversations),
 with the exported tokenizer, and scored by OUT/final (AutoModelForSequenceClassification) and
-OUT/adapter (PeftModel over BASE) when present; the scores must equal rlft's.
+OUT/adapter (PeftModel over BASE, an HF causal-LM directory, when --base is given); the scores
+must equal rlft's. Passed on SmolLM2-135M-Instruct (the default model, LoRA, 128 test pairs of
+`tiny-python-expr --preferences`): max difference 1.0e-5 over 256 sequences.
 """
 import argparse
 import json
@@ -75,7 +77,7 @@ def run_cases(run_dir, data, split, system_prompt, scores_path, base):
         want += [sc["chosen_score"], sc["rejected_score"]]
     out = [{"name": "run-final", "kind": "dir", "path": final, "rows": rows, "scores": want}]
     adapter = os.path.join(run_dir, "adapter")
-    if os.path.isdir(adapter):
+    if os.path.isdir(adapter) and base:
         cfg = json.load(open(os.path.join(final, "config.json")))
         out.append({"name": "run-adapter", "kind": "adapter", "path": adapter, "base": base,
                     "pad_token_id": cfg["pad_token_id"], "rows": rows, "scores": want})
