@@ -230,7 +230,7 @@ pub const GRPO_KEYS: &[&str] = &[
     "kl_warning_threshold",
     "zero_std_warning_steps",
     "rewards",
-    // The estimator settings (`super::online::ESTIMATOR_KEYS`).
+    // The estimator settings (`super::online::EstimatorSettings`, flattened).
     "advantage_estimator",
     "kl_estimator",
     "gamma",

@@ -72,23 +72,6 @@ impl Default for EstimatorSettings {
     }
 }
 
-/// The keys of [`EstimatorSettings`].
-pub const ESTIMATOR_KEYS: &[&str] = &[
-    "advantage_estimator",
-    "kl_estimator",
-    "gamma",
-    "lam",
-    "normalize_advantages",
-    "reward_clip_range",
-    "missing_eos_penalty",
-    "whiten_rewards",
-    "vf_coef",
-    "cliprange_value",
-    "value_model",
-    "dynamic_sampling",
-    "max_num_gen_batches",
-];
-
 /// TRL PPO / OpenRLHF names accepted as aliases: (alias, canonical key, meaning).
 pub const ONLINE_ALIASES: &[(&str, &str, &str)] = &[
     ("kl_coef", "beta", "KL coefficient"),
