@@ -135,3 +135,34 @@ fn missing_reference_says_how_to_build_it_and_rlft_still_runs() {
     assert!(row.contains("MiB"), "{row}");
     assert!(stdout.contains("ratio = rlft median time / reference median time"));
 }
+
+#[test]
+fn online_step_cases_run_on_a_tiny_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_dir(tmp.path());
+    let stdout = ok(&rlft(&[
+        "bench", "grpo", "rloo", "ppo", "--reps", "1", "--json", "--model", &model,
+    ]));
+    let r: Value = serde_json::from_str(&stdout).expect("stdout is one JSON document");
+    let cases = r["cases"].as_object().unwrap();
+    let names: Vec<&str> = cases.keys().map(String::as_str).collect();
+    assert_eq!(names, ["grpo", "rloo", "ppo"]);
+    let phase = |case: &str, p: &str| {
+        cases[case]["rlft"]["detail"]["phase_s_median"][p]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{case}: no phase {p}"))
+    };
+    for name in names {
+        let t = &cases[name]["rlft"]["time"];
+        assert_eq!(t["reps_ms"].as_array().unwrap().len(), 1, "{name}");
+        assert!(t["median_ms"].as_f64().unwrap() > 0.0, "{name}");
+        assert!(phase(name, "generate") > 0.0 && phase(name, "update") > 0.0);
+        assert!(phase(name, "ref_logprobs") > 0.0, "{name}: beta 0.001");
+    }
+    // GRPO takes one optimiser step per rollout with the KL in the loss: no old-policy pass.
+    // RLOO and PPO put the KL in the reward (an old-policy pass); only PPO has a critic.
+    assert_eq!(phase("grpo", "old_logprobs"), 0.0);
+    assert!(phase("rloo", "old_logprobs") > 0.0 && phase("ppo", "old_logprobs") > 0.0);
+    assert_eq!(phase("rloo", "values"), 0.0);
+    assert!(phase("ppo", "values") > 0.0);
+}
