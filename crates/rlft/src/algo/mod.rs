@@ -18,9 +18,11 @@
 //!   optional k3 KL penalty (with the ratio's bias correction), aggregated over tokens as
 //!   [`LossType`] says (GRPO, BNPO, Dr. GRPO, DAPO); its settings in [`loss_config`].
 //! - [`loop_ref`]: the same computations as plain scalar loops in `f64`, with the analytic
+//!   gradient of the loss; the tests check the vectorised code against it.
 //! - [`reward`]: the Bradley-Terry loss of reward models with TRL's margin and centring terms,
 //!   and the statistics TRL logs of preference pairs.
-//!   gradient of the loss; the tests check the vectorised code against it.
+//! - [`dpo_loss`]: DPO and TRL's other offline preference losses (IPO, hinge, robust, APO...)
+//!   over summed completion log-probs of the policy and the reference.
 //!
 //! Papers:
 //! - GRPO: Shao et al., "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open
@@ -42,6 +44,7 @@
 //! - The k3 KL estimator: J. Schulman, "Approximating KL Divergence" (2020), as used by GRPO.
 
 pub mod advantage;
+pub mod dpo_loss;
 pub mod entropy_mask;
 pub mod estimators;
 pub mod loop_ref;
