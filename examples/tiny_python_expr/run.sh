@@ -9,10 +9,10 @@
 #   CONFIG=examples/tiny_python_expr/config.toml MODEL=/models/Qwen2.5-0.5B-Instruct ./examples/tiny_python_expr/run.sh
 #
 # Settings (empty = the config file's value):
-#   ALGO                  grpo | rloo | ppo   (grpo; the command that trains)
+#   ALGO                  grpo | rloo | ppo | online-dpo   (grpo; the command that trains)
 #   CONFIG                config file        (examples/tiny_python_expr/cpu.toml; with ALGO=rloo
-#                         cpu_rloo.toml, ALGO=ppo cpu_ppo.toml; cpu_reinforce_baseline.toml is
-#                         a grpo config)
+#                         cpu_rloo.toml, ALGO=ppo cpu_ppo.toml, ALGO=online-dpo
+#                         cpu_online_dpo.toml; cpu_reinforce_baseline.toml is a grpo config)
 #   MODEL                 HF dir, .gguf or "default"
 #   DATA_DIR              dataset directory  (examples/tiny_python_expr/data/tiny_python_expr)
 #   ARTIFACTS_DIR         runs go here       (examples/tiny_python_expr/artifacts)
@@ -31,7 +31,8 @@ ALGO=${ALGO:-grpo}
 case "$ALGO" in
   grpo) CONFIG=${CONFIG:-examples/tiny_python_expr/cpu.toml} ;;
   rloo | ppo) CONFIG=${CONFIG:-examples/tiny_python_expr/cpu_$ALGO.toml} ;;
-  *) echo "error: ALGO=$ALGO; use grpo, rloo or ppo" >&2; exit 2 ;;
+  online-dpo) CONFIG=${CONFIG:-examples/tiny_python_expr/cpu_online_dpo.toml} ;;
+  *) echo "error: ALGO=$ALGO; use grpo, rloo, ppo or online-dpo" >&2; exit 2 ;;
 esac
 MODEL=${MODEL:-}
 DATA_DIR=${DATA_DIR:-examples/tiny_python_expr/data/tiny_python_expr}

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use rlft::config::grpo::GrpoConfig;
+use rlft::config::online_dpo::OnlineDpoConfig;
 use rlft::config::TrainerConfig;
 use rlft::grpo::setup::{eval_prompts, reward_set};
 use rlft::grpo::{eval_settings, prepare, train};
@@ -41,8 +42,20 @@ where
         |c: &C, m: &std::path::Path, d: &candle_core::Device| prepare(c.as_ref(), m, d),
         |c: &C, p: &mut rlft::grpo::Prepared, o: &rlft::run::RunOptions| train(c.as_ref(), p, o),
     )?;
+    finish(&cfg, &summary)
+}
+
+/// Runs `rlft online-dpo`: the online rollout with pairs ranked by the rewards, the DPO loss.
+pub fn run_online_dpo(a: GrpoArgs) -> Result<()> {
+    let (cfg, summary): (OnlineDpoConfig, _) =
+        train_cmd::run(&a.train, rlft::online_dpo::prepare, rlft::online_dpo::train)?;
+    finish(&cfg, &summary)
+}
+
+/// After an online run: where a stopped run's checkpoint is, the report, the summary JSON.
+fn finish(cfg: &impl TrainerConfig, summary: &rlft::run::RunSummary) -> Result<()> {
     if summary.interrupted || summary.final_dir.is_none() {
-        train_cmd::say_stopped(&cfg, summary.global_step);
+        train_cmd::say_stopped(cfg, summary.global_step);
     }
     // The report (summary card, dashboard, rollout cases) from what the run wrote.
     match rlft_report::write_report(&cfg.args().output_dir) {

@@ -64,6 +64,9 @@ enum Command {
     /// PPO with a critic (TRL's PPOTrainer names): GAE, clipped value loss, per-token KL penalty;
     /// the critic is checkpointed with the policy and exported as `critic/`.
     Ppo(grpo_cmd::GrpoArgs),
+    /// Online DPO (TRL's OnlineDPOTrainer): two completions per prompt, ranked by the rewards,
+    /// trained with the DPO loss against the reference.
+    OnlineDpo(grpo_cmd::GrpoArgs),
     /// Predict a run's peak memory (RSS) from its GRPO/SFT config before it starts: weights,
     /// optimizer, gradients, KV cache, activations; what to change when it does not fit.
     Plan(plan_cmd::PlanArgs),
@@ -120,6 +123,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Grpo(a) => grpo_cmd::run::<rlft::config::grpo::GrpoConfig>(a),
         Command::Rloo(a) => grpo_cmd::run::<rlft::config::online::RlooConfig>(a),
         Command::Ppo(a) => grpo_cmd::run::<rlft::config::online::PpoConfig>(a),
+        Command::OnlineDpo(a) => grpo_cmd::run_online_dpo(a),
         Command::Plan(a) => plan_cmd::run(a),
         Command::Eval(a) => grpo_cmd::run_eval(a),
         Command::Reward(a) => grpo_cmd::run_reward(a),

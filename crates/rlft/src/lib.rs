@@ -21,6 +21,7 @@ pub mod config;
 pub mod data;
 pub mod error;
 pub mod grpo;
+pub mod online_dpo;
 pub mod plan;
 pub mod ppo;
 pub mod reward_model;

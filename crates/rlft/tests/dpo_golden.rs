@@ -73,7 +73,10 @@ fn run(g: &Value, cfg: &DpoLossConfig, dtype: DType) -> Got {
     let d = Device::Cpu;
     let (pc, mc) = padded(&rows(&g["per_token_chosen"]), dtype);
     let (pr, mr) = padded(&rows(&g["per_token_rejected"]), dtype);
-    let (vc, vr) = (Var::from_tensor(&pc).unwrap(), Var::from_tensor(&pr).unwrap());
+    let (vc, vr) = (
+        Var::from_tensor(&pc).unwrap(),
+        Var::from_tensor(&pr).unwrap(),
+    );
     let lc = sequence_logps(vc.as_tensor(), &mc).unwrap();
     let lr = sequence_logps(vr.as_tensor(), &mr).unwrap();
     let t = |k: &str| {
@@ -147,16 +150,35 @@ fn every_loss_type_matches_trl() {
             let got = run(&g, &cfg, dtype);
             close(&[got.loss], &[case["loss"].as_f64().unwrap()], tol, &what);
             close(&got.grad_chosen, &vec1(&case["grad_chosen"]), tol, &what);
-            close(&got.grad_rejected, &vec1(&case["grad_rejected"]), tol, &what);
+            close(
+                &got.grad_rejected,
+                &vec1(&case["grad_rejected"]),
+                tol,
+                &what,
+            );
             close(&got.logps.0, &vec1(&g["logps_chosen"]), tol, "logps chosen");
-            close(&got.logps.1, &vec1(&g["logps_rejected"]), tol, "logps rejected");
+            close(
+                &got.logps.1,
+                &vec1(&g["logps_rejected"]),
+                tol,
+                "logps rejected",
+            );
             let s = &case["stats"];
             for (k, v) in got.stats.named("") {
-                close(&[v], &[s[&k].as_f64().unwrap()], tol, &format!("{what} {k}"));
+                close(
+                    &[v],
+                    &[s[&k].as_f64().unwrap()],
+                    tol,
+                    &format!("{what} {k}"),
+                );
             }
         }
     }
-    assert_eq!(seen.len(), DpoLossType::ALL.len(), "every loss type has a case");
+    assert_eq!(
+        seen.len(),
+        DpoLossType::ALL.len(),
+        "every loss type has a case"
+    );
 }
 
 #[test]

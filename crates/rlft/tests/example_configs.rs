@@ -4,6 +4,7 @@ use std::path::Path;
 
 use rlft::config::grpo::GrpoConfig;
 use rlft::config::online::{PpoConfig, RlooConfig};
+use rlft::config::online_dpo::OnlineDpoConfig;
 use rlft::config::sft::SftConfig;
 use rlft::config::TrainerConfig;
 
@@ -22,11 +23,13 @@ fn grpo_example_configs_parse() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
-            // `cpu_rloo.toml` is an `rlft rloo` config, `cpu_ppo.toml` an `rlft ppo` one.
+            // `cpu_rloo.toml` is an `rlft rloo` config, `cpu_ppo.toml` an `rlft ppo` one,
+            // `cpu_online_dpo.toml` an `rlft online-dpo` one.
             let name = path.file_stem().unwrap().to_string_lossy().to_string();
             let cfg = match name.as_str() {
                 "cpu_rloo" => load::<RlooConfig>(&path).0,
                 "cpu_ppo" => load::<PpoConfig>(&path).0,
+                "cpu_online_dpo" => load::<OnlineDpoConfig>(&path).online(),
                 _ => load::<GrpoConfig>(&path),
             };
             let plan = cfg.plan(128);

@@ -219,7 +219,11 @@ fn sigmoid(x: &Tensor) -> Result<Tensor> {
 
 /// `x` sorted ascending along its one dimension (differentiable: a gather by the detached order).
 fn sorted(x: &Tensor) -> Result<Tensor> {
-    let order = x.detach().unsqueeze(0)?.arg_sort_last_dim(true)?.squeeze(0)?;
+    let order = x
+        .detach()
+        .unsqueeze(0)?
+        .arg_sort_last_dim(true)?
+        .squeeze(0)?;
     x.index_select(&order, 0)
 }
 

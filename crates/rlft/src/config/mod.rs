@@ -7,6 +7,7 @@
 pub mod args;
 pub mod grpo;
 pub mod online;
+pub mod online_dpo;
 pub mod reward;
 pub mod sft;
 

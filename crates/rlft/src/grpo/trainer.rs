@@ -63,9 +63,8 @@ struct Grpo<'a> {
     eval: &'a [PromptItem],
     rewards: &'a mut RewardSet,
     plan: BatchPlan,
-    names: Vec<String>,
     health: HealthMonitor,
-    samples: Option<SampleLog>,
+    logs: OnlineLogs,
 }
 
 impl Grpo<'_> {
@@ -148,14 +147,6 @@ impl Grpo<'_> {
             .to_scalar::<f64>()?;
         Ok((v, out.clipfrac, out.loss))
     }
-
-    fn write_samples(&mut self, step: u64, logged: &[LoggedSample<'_>]) -> Result<()> {
-        if let Some(log) = &mut self.samples {
-            log.write(step, logged)
-                .map_err(|e| TrainerError::Other(format!("samples.jsonl: {e}")))?;
-        }
-        Ok(())
-    }
 }
 
 impl Algorithm for Grpo<'_> {
@@ -182,9 +173,7 @@ impl Algorithm for Grpo<'_> {
     }
 
     fn open_logs(&mut self, out_dir: &std::path::Path, resumed_at: Option<u64>) -> Result<()> {
-        self.samples =
-            Some(SampleLog::open(out_dir, resumed_at).map_err(TrainerError::io(out_dir))?);
-        Ok(())
+        self.logs.open(out_dir, resumed_at)
     }
 
     fn next_unit(
@@ -231,7 +220,7 @@ impl Algorithm for Grpo<'_> {
             ))
         })?;
         let mut metrics = rollout_metrics(
-            &self.names,
+            &self.logs.names,
             &scores,
             &est.group_std,
             est.frac_zero_std.unwrap_or(0.0),
@@ -373,20 +362,7 @@ impl Algorithm for Grpo<'_> {
         first: bool,
         times: &Metrics,
     ) -> Metrics {
-        let mut m = r.metrics.clone();
-        m.push(("loss".into(), out.loss));
-        m.push(("grad_norm".into(), out.grad_norm));
-        m.push(("learning_rate".into(), out.lr));
-        m.extend(out.stats.means().map(|(k, v)| (k.to_string(), v)));
-        m.push((
-            "tokens_per_s".into(),
-            out.tokens as f64 / out.seconds.max(1e-9),
-        ));
-        if first {
-            m.extend(times.iter().cloned());
-        }
-        m.push(("time/update".into(), out.seconds));
-        m
+        online_step_metrics(&r.metrics, out, first, times)
     }
 
     fn tokens_seen(&self, r: &Rollout, step: &[Vec<usize>], _: &StepOutcome) -> u64 {
@@ -412,16 +388,9 @@ impl Algorithm for Grpo<'_> {
         // The first completion of the first few groups.
         let firsts = (0..r.samples.len()).step_by(self.cfg.num_generations);
         let picks = firsts.take(self.cfg.num_completions_to_log);
-        let scored = (&self.names[..], &r.scores);
-        let logged = pick(
-            "train",
-            self.train,
-            &r.samples,
-            scored,
-            Some(&r.logged_advantages),
-            picks,
-        );
-        self.write_samples(step, &logged)
+        let adv = Some(&r.logged_advantages[..]);
+        self.logs
+            .log_train(step, self.train, &r.samples, &r.scores, adv, picks)
     }
 
     fn extra_vars(&self) -> Vec<(String, candle_core::Var)> {
@@ -442,22 +411,8 @@ impl Algorithm for Grpo<'_> {
     }
 
     fn evaluate(&mut self, policy: &Policy, at: Position) -> Result<Option<Metrics>> {
-        if self.eval.is_empty() {
-            return Ok(None);
-        }
-        let settings = eval_settings(self.cfg, &policy.generation.eos_token_ids, policy.pad_id);
-        let r = evaluate(
-            &policy.model,
-            &policy.text,
-            self.eval,
-            self.rewards,
-            &settings,
-        )?;
-        let keep = self.cfg.num_completions_to_log.max(1) * 2;
-        let scored = (&self.names[..], &r.scores);
-        let logged = pick("eval", self.eval, &r.samples, scored, None, 0..keep);
-        self.write_samples(at.global_step, &logged)?;
-        Ok(Some(r.metrics))
+        self.logs
+            .evaluate(self.cfg, policy, self.eval, self.rewards, at)
     }
 }
 
@@ -470,11 +425,105 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
         critic: p.critic.as_ref(),
         train: &p.train,
         eval: &p.eval,
-        names: p.rewards.names(),
+        logs: OnlineLogs::new(p.rewards.names(), cfg.num_completions_to_log),
         rewards: &mut p.rewards,
         plan: p.plan,
         health: HealthMonitor::new(cfg.kl_warning_threshold, cfg.zero_std_warning_steps),
-        samples: None,
     };
     crate::run::run(cfg, &mut algo, &mut p.policy, opts)
+}
+
+/// The logs every online trainer keeps: reward names, `samples.jsonl`, and the eval pass that
+/// writes its completions there too.
+pub(crate) struct OnlineLogs {
+    /// Reward function names, in config order.
+    pub names: Vec<String>,
+    samples: Option<SampleLog>,
+    /// Completions logged per step (an eval pass logs twice as many).
+    num_completions_to_log: usize,
+}
+
+impl OnlineLogs {
+    pub fn new(names: Vec<String>, num_completions_to_log: usize) -> Self {
+        OnlineLogs {
+            names,
+            samples: None,
+            num_completions_to_log,
+        }
+    }
+
+    /// Opens `samples.jsonl` in `out_dir` (cut back to `resumed_at` on resume).
+    pub fn open(&mut self, out_dir: &std::path::Path, resumed_at: Option<u64>) -> Result<()> {
+        self.samples =
+            Some(SampleLog::open(out_dir, resumed_at).map_err(TrainerError::io(out_dir))?);
+        Ok(())
+    }
+
+    fn write(&mut self, step: u64, logged: &[LoggedSample<'_>]) -> Result<()> {
+        if let Some(log) = &mut self.samples {
+            log.write(step, logged)
+                .map_err(|e| TrainerError::Other(format!("samples.jsonl: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Logs the `picks` of a rollout's samples at `step`.
+    pub fn log_train(
+        &mut self,
+        step: u64,
+        items: &[PromptItem],
+        samples: &[Sample],
+        scores: &Scores,
+        advantages: Option<&[f64]>,
+        picks: impl IntoIterator<Item = usize>,
+    ) -> Result<()> {
+        let scored = (&self.names[..], scores);
+        let logged = pick("train", items, samples, scored, advantages, picks);
+        self.write(step, &logged)
+    }
+
+    /// An eval pass of `policy` on `eval` with `cfg`'s eval settings (None without prompts).
+    pub fn evaluate(
+        &mut self,
+        cfg: &GrpoConfig,
+        policy: &Policy,
+        eval: &[PromptItem],
+        rewards: &mut RewardSet,
+        at: Position,
+    ) -> Result<Option<Metrics>> {
+        if eval.is_empty() {
+            return Ok(None);
+        }
+        let settings = eval_settings(cfg, &policy.generation.eos_token_ids, policy.pad_id);
+        let r = evaluate(&policy.model, &policy.text, eval, rewards, &settings)?;
+        let keep = self.num_completions_to_log.max(1) * 2;
+        let scored = (&self.names[..], &r.scores);
+        let logged = pick("eval", eval, &r.samples, scored, None, 0..keep);
+        self.write(at.global_step, &logged)?;
+        Ok(Some(r.metrics))
+    }
+}
+
+/// An online step's metrics: the rollout's, the optimiser's, the step's accumulated stats and,
+/// on a rollout's first step, its phase times.
+pub(crate) fn online_step_metrics(
+    rollout: &Metrics,
+    out: &StepOutcome,
+    first: bool,
+    times: &Metrics,
+) -> Metrics {
+    let mut m = rollout.clone();
+    m.push(("loss".into(), out.loss));
+    m.push(("grad_norm".into(), out.grad_norm));
+    m.push(("learning_rate".into(), out.lr));
+    m.extend(out.stats.means().map(|(k, v)| (k.to_string(), v)));
+    m.push((
+        "tokens_per_s".into(),
+        out.tokens as f64 / out.seconds.max(1e-9),
+    ));
+    if first {
+        m.extend(times.iter().cloned());
+    }
+    m.push(("time/update".into(), out.seconds));
+    m
 }

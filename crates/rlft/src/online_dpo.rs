@@ -1,0 +1,341 @@
+//! Online DPO on the run core (TRL 1.16's experimental `OnlineDPOTrainer`,
+//! `trl/experimental/online_dpo/online_dpo_trainer.py:1141-1295`). A unit is one rollout:
+//!
+//! generate (two completions per prompt) -> reward -> rank each pair (the higher total reward
+//! is chosen, the first on a tie, as TRL's `first_half >= second_half`) -> ref_logprobs;
+//! then one optimiser step whose micro-batches take whole pairs: the policy's summed
+//! completion log-probs (temperature 1) against the reference's in [`dpo_loss`].
+//!
+//! Sampling, scoring, the reference (the base with adapters off under LoRA), eval and the
+//! sample log are the online trainers' (`grpo::`); this file is the pairing and the loss.
+
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+use rlft_model::CausalLm;
+use rlft_rewards::{RewardSet, Scores};
+
+use crate::algo::advantage::mean;
+use crate::algo::compute_advantages;
+use crate::algo::dpo_loss::{dpo_loss, sequence_logps, DpoLogps, DpoLossConfig, DpoStats};
+use crate::config::grpo::{BatchPlan, GrpoConfig};
+use crate::config::online_dpo::OnlineDpoConfig;
+use crate::data::prompts::PromptItem;
+use crate::data::DataCursor;
+use crate::error::{Result, TrainerError};
+use crate::grpo::advantages::shaped_rewards;
+use crate::grpo::setup::rollout_settings;
+use crate::grpo::trainer::OnlineLogs;
+use crate::grpo::Prepared;
+use crate::rollout::stats::rollout_metrics;
+use crate::rollout::{
+    generate_and_score, no_grad_passes, policy_pass, MicroRows, NoGradPasses, Sample, ScoreOptions,
+};
+use crate::run::optim::mix;
+use crate::run::{
+    Algorithm, Metrics, Policy, Position, RunOptions, RunSummary, StepOutcome, StepStats,
+};
+
+/// A rollout of pairs: samples `2k` and `2k + 1` are prompt `k`'s two completions.
+pub struct PairRollout {
+    samples: Vec<Sample>,
+    /// Per pair: whether its first completion is the chosen one.
+    first_chosen: Vec<bool>,
+    /// `[2k][len]` reference log-probs of every sample.
+    reference: Vec<Vec<f32>>,
+    /// The shaped rewards the ranking used (weighted total minus the missing-EOS penalty).
+    rewards: Vec<f64>,
+    /// The loss settings at this rollout's epoch (`beta` may change per epoch).
+    loss: DpoLossConfig,
+    scores: Scores,
+    metrics: Metrics,
+}
+
+/// Loads the policy, prompts and rewards as the online trainers do; LoRA dropout off with
+/// `disable_dropout`.
+pub fn prepare(cfg: &OnlineDpoConfig, model_path: &Path, device: &Device) -> Result<Prepared> {
+    let mut p = crate::grpo::prepare(&cfg.online(), model_path, device)?;
+    if cfg.disable_dropout {
+        for (_, lin) in p.policy.model.linears_mut() {
+            if let Some(l) = &mut lin.lora {
+                l.dropout = 0.0;
+            }
+        }
+    }
+    Ok(p)
+}
+
+/// Per pair of `rewards` (`[2k]`): whether the first is chosen (`>=`: the first on a tie).
+pub fn rank_pairs(rewards: &[f64]) -> Vec<bool> {
+    rewards.chunks_exact(2).map(|p| p[0] >= p[1]).collect()
+}
+
+struct OnlineDpo<'a> {
+    cfg: &'a OnlineDpoConfig,
+    online: GrpoConfig,
+    reference: Option<&'a CausalLm>,
+    train: &'a [PromptItem],
+    eval: &'a [PromptItem],
+    rewards: &'a mut RewardSet,
+    plan: BatchPlan,
+    logs: OnlineLogs,
+}
+
+impl OnlineDpo<'_> {
+    /// The pair metrics TRL logs at rollout time (`objective/scores`, `scores_margin`,
+    /// `val/contain_eos_token`).
+    fn pair_metrics(rewards: &[f64], first_chosen: &[bool], samples: &[Sample]) -> Metrics {
+        let margins: Vec<f64> = rewards
+            .chunks_exact(2)
+            .zip(first_chosen)
+            .map(|(p, &f)| if f { p[0] - p[1] } else { p[1] - p[0] })
+            .collect();
+        let eos = samples.iter().filter(|s| !s.truncated).count() as f64;
+        vec![
+            ("objective/scores".into(), mean(rewards)),
+            ("objective/scores_margin".into(), mean(&margins)),
+            (
+                "val/contain_eos_token".into(),
+                eos / samples.len().max(1) as f64,
+            ),
+        ]
+    }
+}
+
+impl Algorithm for OnlineDpo<'_> {
+    type Unit = PairRollout;
+
+    const STEP_LINE: &'static [(&'static str, &'static str)] = &[
+        ("loss", "loss"),
+        ("reward", "reward"),
+        ("objective/scores_margin", "margin"),
+        ("rewards/accuracies", "acc"),
+        ("objective/kl", "kl"),
+        ("grad_norm", "gnorm"),
+    ];
+    const PROGRESS_LINE: &'static [(&'static str, &'static str)] =
+        &[("reward", "reward"), ("objective/kl", "kl")];
+    const EVAL_LINE: &'static [(&'static str, &'static str)] = &[("eval/reward", "reward")];
+
+    fn data_len(&self) -> usize {
+        self.train.len()
+    }
+
+    fn total_steps(&self) -> u64 {
+        self.plan.total_steps as u64
+    }
+
+    fn open_logs(&mut self, out_dir: &Path, resumed_at: Option<u64>) -> Result<()> {
+        self.logs.open(out_dir, resumed_at)
+    }
+
+    fn next_unit(
+        &mut self,
+        policy: &Policy,
+        data: &mut DataCursor,
+        at: Position,
+        times: &mut Metrics,
+    ) -> Result<PairRollout> {
+        let o = &self.online;
+        let prompts = data.take(self.plan.rollout_prompts);
+        let settings = rollout_settings(o, policy, mix(o.args.seed, at.global_step));
+        let (samples, scores) = generate_and_score(
+            &policy.model,
+            &policy.text,
+            self.train,
+            &prompts,
+            &settings,
+            self.rewards,
+            times,
+        )?;
+        let rewards = shaped_rewards(o, &samples, &scores.total);
+        let first_chosen = rank_pairs(&rewards);
+        let passes = NoGradPasses {
+            policy: &policy.model,
+            reference: self.reference,
+            old: false,
+            with_reference: true,
+            batch: o.args.per_device_train_batch_size,
+            pad_id: policy.pad_id,
+            temperature: 1.0,
+            share_prompts: true,
+        };
+        let (_, reference) = no_grad_passes(&passes, self.train, &samples, times)?;
+        let reference = reference.expect("the reference pass was asked for");
+        let pairs = compute_advantages(&rewards, 2, &o.advantage_config());
+        let mut metrics = rollout_metrics(
+            &self.logs.names,
+            &scores,
+            &pairs.group_std,
+            pairs.frac_zero_std,
+            &samples,
+        );
+        metrics.extend(Self::pair_metrics(&rewards, &first_chosen, &samples));
+        let loss = self.cfg.loss(at.epoch);
+        metrics.push(("beta".into(), loss.beta));
+        Ok(PairRollout {
+            samples,
+            first_chosen,
+            reference,
+            rewards,
+            loss,
+            scores,
+            metrics,
+        })
+    }
+
+    fn steps(&self, r: &PairRollout) -> Vec<Vec<Vec<usize>>> {
+        // One optimiser step; micro-batches of `per_device_train_batch_size` whole pairs.
+        let micro = self.online.args.per_device_train_batch_size;
+        let idx: Vec<usize> = (0..r.samples.len()).collect();
+        vec![idx.chunks(micro).map(<[usize]>::to_vec).collect()]
+    }
+
+    fn micro_loss(
+        &self,
+        policy: &Policy,
+        r: &PairRollout,
+        _step: &[Vec<usize>],
+        mb: &[usize],
+        stats: &mut StepStats,
+    ) -> Result<Tensor> {
+        if mb.len() % 2 != 0
+            || mb
+                .chunks_exact(2)
+                .any(|p| p[0] % 2 != 0 || p[1] != p[0] + 1)
+        {
+            return Err(TrainerError::Other(format!(
+                "online DPO: micro-batch {mb:?} splits a pair"
+            )));
+        }
+        let keep = vec![true; mb.len()];
+        let rows = MicroRows {
+            samples: &r.samples,
+            rows: mb,
+            keep: &keep,
+            old: None,
+            reference: Some(&r.reference),
+        };
+        let o = ScoreOptions {
+            pad_id: policy.pad_id,
+            grad: true,
+            entropy: false,
+            temperature: 1.0,
+            share_prompts: true,
+        };
+        let pass = policy_pass(&policy.model, self.train, &rows, o)?;
+        let reference = pass.reference.as_ref().expect("reference rows were given");
+        let seq = sequence_logps(&pass.logp, &pass.mask)?;
+        let ref_seq = sequence_logps(reference, &pass.mask)?;
+        // Positions in the micro-batch of each pair's chosen and rejected completion.
+        let (mut ci, mut ri) = (Vec::new(), Vec::new());
+        for k in 0..mb.len() / 2 {
+            let first = r.first_chosen[mb[2 * k] / 2];
+            let (c, rj) = if first {
+                (2 * k, 2 * k + 1)
+            } else {
+                (2 * k + 1, 2 * k)
+            };
+            ci.push(c as u32);
+            ri.push(rj as u32);
+        }
+        let device = seq.device();
+        let pick = |t: &Tensor, i: &[u32]| -> Result<Tensor> {
+            Ok(t.index_select(&Tensor::new(i, device)?, 0)?)
+        };
+        let (pc, pr) = (pick(&seq, &ci)?, pick(&seq, &ri)?);
+        let (rc, rr) = (pick(&ref_seq, &ci)?, pick(&ref_seq, &ri)?);
+        let out = dpo_loss(
+            &DpoLogps {
+                policy_chosen: &pc,
+                policy_rejected: &pr,
+                ref_chosen: &rc,
+                ref_rejected: &rr,
+                chosen_lens: None,
+                rejected_lens: None,
+            },
+            &r.loss,
+        )?;
+        let accumulation = self.cfg.args.gradient_accumulation_steps as f64;
+        let loss = (out.losses.mean(0)? / accumulation)?;
+        let pairs = ci.len() as f64;
+        let v = |t: &Tensor| -> Result<Vec<f64>> {
+            Ok(t.to_dtype(candle_core::DType::F64)?.to_vec1::<f64>()?)
+        };
+        let (chosen, rejected) = (v(&out.chosen_rewards)?, v(&out.rejected_rewards)?);
+        let d = DpoStats::of(&chosen, &rejected, (&v(&pc.detach())?, &v(&pr.detach())?));
+        stats.add("rewards/chosen", d.rewards_chosen, pairs);
+        stats.add("rewards/rejected", d.rewards_rejected, pairs);
+        stats.add("rewards/accuracies", d.rewards_accuracies, pairs);
+        stats.add("rewards/margins", d.rewards_margins, pairs);
+        stats.add("logps/chosen", d.logps_chosen, pairs);
+        stats.add("logps/rejected", d.logps_rejected, pairs);
+        // Per completion: KL sum to the reference, and TRL's entropy estimate -sum log p.
+        let (s, rs) = (v(&seq.detach())?, v(&ref_seq)?);
+        let n = s.len() as f64;
+        let kl: Vec<f64> = s.iter().zip(&rs).map(|(a, b)| a - b).collect();
+        let beta = r.loss.beta;
+        let rewards: Vec<f64> = mb.iter().map(|&i| r.rewards[i]).collect();
+        stats.add("objective/kl", mean(&kl), n);
+        stats.add("objective/entropy", -mean(&s), n);
+        stats.add("objective/non_score_reward", -beta * mean(&kl), n);
+        let rlhf: Vec<f64> = rewards.iter().zip(&kl).map(|(r, k)| r - beta * k).collect();
+        stats.add("objective/rlhf_reward", mean(&rlhf), n);
+        stats.tokens += pass.num_tokens;
+        Ok(loss)
+    }
+
+    fn step_metrics(
+        &self,
+        r: &PairRollout,
+        out: &StepOutcome,
+        first: bool,
+        times: &Metrics,
+    ) -> Metrics {
+        crate::grpo::trainer::online_step_metrics(&r.metrics, out, first, times)
+    }
+
+    fn on_logged(&mut self, r: &PairRollout, step: u64, first_of_unit: bool) -> Result<()> {
+        if !first_of_unit {
+            return Ok(());
+        }
+        // Both completions of the first few pairs.
+        let n = 2 * self.cfg.num_completions_to_log;
+        self.logs
+            .log_train(step, self.train, &r.samples, &r.scores, None, 0..n)
+    }
+
+    fn evaluate(&mut self, policy: &Policy, at: Position) -> Result<Option<Metrics>> {
+        self.logs
+            .evaluate(&self.online, policy, self.eval, self.rewards, at)
+    }
+}
+
+/// Runs Online DPO as configured: progress, metrics, samples, checkpoints, the final model and
+/// `run_summary.json` under `output_dir`.
+pub fn train(cfg: &OnlineDpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<RunSummary> {
+    let mut algo = OnlineDpo {
+        cfg,
+        online: cfg.online(),
+        reference: p.reference.as_ref(),
+        train: &p.train,
+        eval: &p.eval,
+        logs: OnlineLogs::new(p.rewards.names(), cfg.num_completions_to_log),
+        rewards: &mut p.rewards,
+        plan: p.plan,
+    };
+    crate::run::run(cfg, &mut algo, &mut p.policy, opts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_rank_by_reward_first_on_ties() {
+        assert_eq!(
+            rank_pairs(&[1.0, 0.0, 0.0, 1.0, 0.5, 0.5]),
+            vec![true, false, true]
+        );
+    }
+}

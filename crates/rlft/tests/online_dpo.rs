@@ -1,0 +1,155 @@
+//! `rlft online-dpo` on a tiny random model: the loss at the first step is the DPO loss of a
+//! policy equal to its reference, same seed same metrics, batch x accumulation invariance,
+//! exact resume, TRL's metric names.
+
+mod common;
+
+use std::path::Path;
+
+use candle_core::Device;
+use common::online::{max_diff, metric};
+use rlft::config::online_dpo::OnlineDpoConfig;
+use rlft::config::TrainerConfig;
+use rlft::online_dpo::{prepare, train};
+use rlft::run::{RunOptions, RunSummary};
+use rlft_model::config::Family;
+use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
+
+fn config(dir: &Path, extra: &str) -> OnlineDpoConfig {
+    let model = dir.join("model");
+    if !model.exists() {
+        save_tiny_hf_dir(tiny_config(Family::Qwen2), 1, &model).unwrap();
+    }
+    let data = dir.join("prompts.jsonl");
+    if !data.exists() {
+        common::write_sums(&data, 16, "answer");
+    }
+    let text = format!(
+        r#"
+model = "{}"
+output_dir = "{}"
+dataset = "{}"
+max_length = 72
+max_new_tokens = 8
+per_device_train_batch_size = 4
+gradient_accumulation_steps = 1
+learning_rate = 3e-3
+lr_scheduler_type = "constant"
+max_steps = 3
+logging_steps = 1
+report_to = ["jsonl"]
+seed = 5
+temperature = 30.0
+
+[[rewards]]
+type = "regex_format"
+name = "letter"
+pattern = "[a-z]"
+"#,
+        model.display(),
+        dir.join("out").display(),
+        data.display()
+    );
+    let mut table: toml::Table = text.parse().unwrap();
+    for (k, v) in extra.parse::<toml::Table>().unwrap() {
+        table.insert(k, v);
+    }
+    OnlineDpoConfig::from_table(table, "test.toml").unwrap()
+}
+
+fn run(cfg: &OnlineDpoConfig, opts: &RunOptions) -> (RunSummary, Vec<(String, Vec<f32>)>) {
+    let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
+    let s = train(cfg, &mut p, opts).unwrap();
+    let w = common::weights(&p.policy);
+    (s, w)
+}
+
+#[test]
+fn first_step_is_the_dpo_loss_at_the_reference_and_runs_repeat() {
+    for (loss_type, at_reference) in [("sigmoid", std::f64::consts::LN_2), ("ipo", 25.0)] {
+        let extra = format!("loss_type = \"{loss_type}\"\nbeta = 0.1");
+        let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (sa, wa) = run(&config(d1.path(), &extra), &RunOptions::default());
+        let (sb, wb) = run(&config(d2.path(), &extra), &RunOptions::default());
+        // Full fine-tuning: before the first update the policy is its reference, so every
+        // pair's log-ratio difference is 0: sigmoid gives ln 2, IPO (0 - 1/(2 beta))^2 = 25.
+        let l0 = metric(&sa, 0, "loss");
+        assert!((l0 - at_reference).abs() < 1e-4, "{loss_type}: loss {l0}");
+        assert!(metric(&sa, 0, "rewards/chosen").abs() < 1e-6);
+        assert!(metric(&sa, 0, "objective/kl").abs() < 1e-4);
+        assert!(
+            metric(&sa, 0, "grad_norm") > 0.0,
+            "{loss_type}: no gradient"
+        );
+        for step in 0..3 {
+            for key in [
+                "loss",
+                "reward",
+                "objective/scores_margin",
+                "rewards/margins",
+                "logps/chosen",
+            ] {
+                assert_eq!(metric(&sa, step, key), metric(&sb, step, key), "{key}");
+            }
+            // The chosen completion never scores below the rejected one.
+            assert!(metric(&sa, step, "objective/scores_margin") >= 0.0);
+            assert_eq!(metric(&sa, step, "beta"), 0.1);
+        }
+        // After two updates the policy has moved from the reference.
+        assert!(metric(&sa, 2, "objective/kl").abs() > 0.0, "{loss_type}");
+        assert_eq!(max_diff(&wa, &wb), 0.0);
+    }
+}
+
+#[test]
+fn split_invariant_and_resumes_exactly() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = config(d1.path(), "");
+    let b = config(
+        d2.path(),
+        "per_device_train_batch_size = 2\ngradient_accumulation_steps = 2",
+    );
+    let (sa, wa) = run(&a, &RunOptions::default());
+    let (sb, wb) = run(&b, &RunOptions::default());
+    for step in 0..3 {
+        let (la, lb) = (metric(&sa, step, "loss"), metric(&sb, step, "loss"));
+        assert!((la - lb).abs() < 1e-5, "step {step}: loss {la} vs {lb}");
+    }
+    let d = max_diff(&wa, &wb);
+    assert!(d < 1e-4, "weights differ by {d}");
+
+    let more = "max_steps = 4\nsave_steps = 2\nuse_peft = true\nbeta = [0.2, 0.05]";
+    let (d3, d4) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (sf, wf) = run(&config(d3.path(), more), &RunOptions::default());
+    let part = config(d4.path(), more);
+    let stop = RunOptions {
+        stop_after: Some(2),
+        ..Default::default()
+    };
+    run(&part, &stop);
+    let resume = RunOptions {
+        resume: true,
+        ..Default::default()
+    };
+    let (sr, wr) = run(&part, &resume);
+    assert_eq!(sr.global_step, 4);
+    assert_eq!(max_diff(&wf, &wr), 0.0, "resume is not exact");
+    assert_eq!(metric(&sf, 3, "loss"), metric(&sr, 1, "loss"));
+    // 16 prompts, 4 per step: steps 0-3 are epoch 0 (beta 0.2) and the list's first value.
+    assert_eq!(metric(&sf, 0, "beta"), 0.2);
+    let adapter = part.args.output_dir.join("adapter");
+    assert!(adapter.join("adapter_config.json").exists());
+}
+
+#[test]
+fn beta_follows_the_epoch() {
+    // 16 prompts at 8 per step: two steps per epoch.
+    let d = tempfile::tempdir().unwrap();
+    let c = config(
+        d.path(),
+        "per_device_train_batch_size = 8\nmax_steps = 4\nbeta = [0.3, 0.1]",
+    );
+    let (s, _) = run(&c, &RunOptions::default());
+    let betas: Vec<f64> = (0..4).map(|i| metric(&s, i, "beta")).collect();
+    assert_eq!(betas, vec![0.3, 0.3, 0.1, 0.1]);
+}
