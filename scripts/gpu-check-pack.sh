@@ -6,7 +6,7 @@
 #   # on the GPU machine:
 #   DIR/gpu-check.sh --out /tmp/gpu-check.json
 #
-# The pack: rlft (stripped, cuda build), gpu-check.sh, gpu_check/ (check.py and its helpers,
+# The pack: rlft.xz (the stripped cuda build, xz-compressed; gpu-check.sh unpacks it), gpu-check.sh, gpu_check/ (check.py and its helpers,
 # plus bench/reference's bench.py, grpo.py and measure.py under gpu_check/reference/),
 # examples/tiny_python_expr/qwen25_3b.toml, and wheels/ with TRL and what it needs beyond the
 # GPU image (datasets, dill, multiprocess; Python 3.12 wheels from PyPI, the versions of the
@@ -31,6 +31,8 @@ fi
 rm -rf "$DEST"
 mkdir -p "$DEST/gpu_check/reference" "$DEST/examples/tiny_python_expr"
 strip -o "$DEST/rlft" "$bin"
+# 84 MiB stripped (candle's kernels for every GGUF type are in it): xz makes it about 12 MiB.
+xz -T2 -6 "$DEST/rlft"
 cp scripts/gpu-check.sh "$DEST/"
 cp scripts/gpu_check/*.py "$DEST/gpu_check/"
 cp bench/reference/{bench,grpo,measure}.py "$DEST/gpu_check/reference/"

@@ -12,7 +12,8 @@
 # Details: scripts/gpu_check/check.py and docs/gpu.md. `--device cpu` runs the same check with
 # the CPU binary and tiny sizes, to test the check itself on a machine without a GPU.
 #
-# BIN defaults to ./rlft beside this script (a pack from gpu-check-pack.sh), then
+# BIN defaults to rlft.xz (unpacked to /tmp) or rlft beside this script (a pack from
+# gpu-check-pack.sh), then
 # target/release/rlft. FILE defaults to $OUT/gpu-check.json when $OUT is set, else
 # ./gpu-check.json. PYTHON picks the interpreter (default python3).
 set -euo pipefail
@@ -22,7 +23,15 @@ ARGS=("$@")
 has() { for x in "${ARGS[@]}"; do [[ "$x" == "$1" ]] && return 0; done; return 1; }
 
 if ! has --rlft; then
-  if [[ -x "$HERE/rlft" ]]; then ARGS+=(--rlft "$HERE/rlft")
+  if [[ -f "$HERE/rlft.xz" ]]; then
+    # A pack keeps the binary xz-compressed (84 MiB stripped, 12 MiB packed); Python's lzma
+    # unpacks it, so the machine needs no xz.
+    bin="$(mktemp -d /tmp/rlft-gpu-check-bin.XXXXXX)/rlft"
+    "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+      "$HERE/rlft.xz" "$bin"
+    chmod +x "$bin"
+    ARGS+=(--rlft "$bin")
+  elif [[ -x "$HERE/rlft" ]]; then ARGS+=(--rlft "$HERE/rlft")
   else ARGS+=(--rlft "$HERE/../target/release/rlft"); fi
 fi
 if ! has --out; then ARGS+=(--out "${OUT:+$OUT/}gpu-check.json"); fi

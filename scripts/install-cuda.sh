@@ -18,6 +18,10 @@
 #   from PyTorch's nvidia-* wheels or a CUDA install, through LD_LIBRARY_PATH; see docs/gpu.md).
 #   The stubs never run: a binary started where only they are found fails at the first call.
 #
+# With ccache on the machine (Debian's `ccache`), nvcc runs through it (NVCC=.../nvcc-ccache):
+# candle-kernels' static GGUF/MoE kernels, most of a cold CUDA build's time, then compile once
+# per machine and come from ~/.cache/ccache afterwards, in any clone.
+#
 # Idempotent: a second run only prints the environment. CUDA_COMPUTE_CAP (default 90, the H100 /
 # H200) selects the GPU architecture of candle's precompiled kernels; set it before running.
 set -euo pipefail
@@ -66,6 +70,13 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want" || ! -x "$CU/bin/nvcc" ]]; t
   ln -sf ../libcudart.so.13 "$stubs/libcudart.so"
   echo "$want" >"$STAMP"
   log "done ($(du -sh "$PREFIX" | cut -f1))"
+fi
+
+# nvcc through ccache, when there is one (cudaforge runs $NVCC; the CUDA root is its ../).
+if command -v ccache >/dev/null; then
+  printf '#!/bin/sh\nexec ccache "%s/bin/nvcc" "$@"\n' "$CU" >"$CU/bin/nvcc-ccache"
+  chmod +x "$CU/bin/nvcc-ccache"
+  echo "export NVCC=\"$CU/bin/nvcc-ccache\""
 fi
 
 cap="${CUDA_COMPUTE_CAP:-90}"
