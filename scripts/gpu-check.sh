@@ -49,4 +49,8 @@ if [[ -d "$HERE/wheels" ]] && ! "$PY" -c "import trl, datasets" 2>/dev/null; the
 fi
 
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-exec timeout -k 10 "$((${budget%.*} + 60))" "$PY" "$HERE/gpu_check/check.py" "${ARGS[@]}"
+rc=0
+timeout -k 10 "$((${budget%.*} + 60))" "$PY" "$HERE/gpu_check/check.py" "${ARGS[@]}" || rc=$?
+if [[ -n "${bin:-}" ]]; then rm -rf "$(dirname "$bin")"; fi
+if [[ -n "${site:-}" ]]; then rm -rf "$site"; fi
+exit "$rc"

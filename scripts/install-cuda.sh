@@ -18,9 +18,9 @@
 #   from PyTorch's nvidia-* wheels or a CUDA install, through LD_LIBRARY_PATH; see docs/gpu.md).
 #   The stubs never run: a binary started where only they are found fails at the first call.
 #
-# With ccache on the machine (Debian's `ccache`), nvcc runs through it (NVCC=.../nvcc-ccache):
-# candle-kernels' static GGUF/MoE kernels, most of a cold CUDA build's time, then compile once
-# per machine and come from ~/.cache/ccache afterwards, in any clone.
+# nvcc runs through scripts/nvcc-cache.sh (NVCC=.../nvcc-cache): candle-kernels' PTX and (with
+# Debian's `ccache` on the machine) its static GGUF/MoE kernels, most of a cold CUDA build's
+# time, compile once per machine and come from ~/.cache afterwards, in any clone.
 #
 # Idempotent: a second run only prints the environment. CUDA_COMPUTE_CAP (default 90, the H100 /
 # H200) selects the GPU architecture of candle's precompiled kernels; set it before running.
@@ -72,12 +72,10 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$want" || ! -x "$CU/bin/nvcc" ]]; t
   log "done ($(du -sh "$PREFIX" | cut -f1))"
 fi
 
-# nvcc through ccache, when there is one (cudaforge runs $NVCC; the CUDA root is its ../).
-if command -v ccache >/dev/null; then
-  printf '#!/bin/sh\nexec ccache "%s/bin/nvcc" "$@"\n' "$CU" >"$CU/bin/nvcc-ccache"
-  chmod +x "$CU/bin/nvcc-ccache"
-  echo "export NVCC=\"$CU/bin/nvcc-ccache\""
-fi
+# nvcc with a cache (scripts/nvcc-cache.sh: objects through ccache when there is one, PTX in
+# ~/.cache/rlft/nvcc-ptx); cudaforge runs $NVCC and takes the CUDA root from its ../.
+cp scripts/nvcc-cache.sh "$CU/bin/nvcc-cache"
+echo "export NVCC=\"$CU/bin/nvcc-cache\""
 
 cap="${CUDA_COMPUTE_CAP:-90}"
 cat <<EOF
