@@ -45,18 +45,37 @@ fn run(
         })
         .collect();
     fused::set_enabled(true);
-    let loss = loss.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap();
+    let loss = loss
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap();
     (lp_nograd.detach(), lp.detach(), loss, g)
 }
 
 /// Largest |a - b| relative to the largest |b| (at least 1e-3, so all-tiny tensors compare
 /// absolutely).
 fn rel_diff(a: &Tensor, b: &Tensor) -> f64 {
-    let a: Vec<f64> = a.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1().unwrap();
-    let b: Vec<f64> = b.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let a: Vec<f64> = a
+        .to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let b: Vec<f64> = b
+        .to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(1e-3f64, |m, x| m.max(x.abs()));
-    a.iter().zip(&b).fold(0f64, |m, (x, y)| m.max((x - y).abs())) / scale
+    a.iter()
+        .zip(&b)
+        .fold(0f64, |m, (x, y)| m.max((x - y).abs()))
+        / scale
 }
 
 fn compare(what: &str, model: &CausalLm, vars: &[(String, candle_core::Var)]) {
