@@ -49,7 +49,12 @@ class Check:
     def __init__(self, a):
         self.a = a
         self.deadline = time.monotonic() + a.budget_s
-        self.gpu = peak.GpuMemory() if a.device.startswith("cuda") else None
+        self.gpu, self.gpu_note = None, None
+        if a.device.startswith("cuda"):
+            try:
+                self.gpu = peak.GpuMemory(int(a.device.partition(":")[2] or 0))
+            except Exception as e:  # no NVML: times still count, GPU peaks are not measured
+                self.gpu_note = f"GPU memory not measured (NVML: {type(e).__name__}: {e})"
         self.env = dict(os.environ)
         self.env["LD_LIBRARY_PATH"] = ":".join(cuda_lib_dirs() + [os.environ.get(
             "LD_LIBRARY_PATH", "")])
@@ -164,7 +169,7 @@ def part_perf(c, work):
     r = c.run(c.hf("grpo", "--model", d, "--dtype", dtype, "--steps", str(c.a.grpo_steps),
                    "--out", f), 300)
     out["grpo_trl"] = {"result": load(f) if r.get("rc") == 0 else None, **trim(r)}
-    out["summary"] = perf_summary(out, cuda)
+    out["summary"] = perf_summary(out, c.gpu is not None)
     return out, d
 
 
@@ -173,8 +178,8 @@ def load(path):
         return json.load(f)
 
 
-def perf_summary(p, cuda):
-    key = "peak_gpu_mib" if cuda else "peak_rss_mib"
+def perf_summary(p, gpu):
+    key = "peak_gpu_mib" if gpu else "peak_rss_mib"
     g_r = (p["generate_rlft"].get("result") or {}).get("detail", {})
     g_t = p["generate_transformers"].get("result") or {}
     s_r = (p["grpo_rlft"].get("result") or {}).get("detail", {})
@@ -210,12 +215,12 @@ def part_plan(c, model_dir, perf):
 
 def meta(c):
     m = {"device": c.a.device, "size": c.a.size, "python": platform.python_version(),
-         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "note": c.gpu_note}
     try:
         import torch
         import transformers
         m.update(torch=torch.__version__, transformers=transformers.__version__)
-        if c.gpu:
+        if c.a.device.startswith("cuda"):
             m["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except ImportError as e:
         m["import_error"] = str(e)

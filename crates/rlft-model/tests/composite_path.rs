@@ -89,10 +89,15 @@ fn compare(what: &str, model: &CausalLm, vars: &[(String, candle_core::Var)]) {
         (c_loss - f_loss).abs() < 1e-5 * f_loss.abs().max(1.0),
         "{what}: loss {c_loss} (composite) vs {f_loss} (fused)"
     );
+    let mut largest = rel_diff(&c_lp, &f_lp);
     for ((name, _), (c, f)) in vars.iter().zip(c_g.iter().zip(&f_g)) {
         let d = rel_diff(c, f);
         assert!(d < 1e-4, "{what}: gradient of {name} differs by {d:e}");
+        largest = largest.max(d);
     }
+    // The two paths sum in different orders: identical bits everywhere would mean the switch
+    // did not take effect and one path was compared with itself.
+    assert!(largest > 0.0, "{what}: fused and composite runs are bit-identical");
 }
 
 #[test]
