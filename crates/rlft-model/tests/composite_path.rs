@@ -97,7 +97,10 @@ fn compare(what: &str, model: &CausalLm, vars: &[(String, candle_core::Var)]) {
     }
     // The two paths sum in different orders: identical bits everywhere would mean the switch
     // did not take effect and one path was compared with itself.
-    assert!(largest > 0.0, "{what}: fused and composite runs are bit-identical");
+    assert!(
+        largest > 0.0,
+        "{what}: fused and composite runs are bit-identical"
+    );
 }
 
 #[test]

@@ -488,12 +488,17 @@ fn gguf_of_every_arch_loads_like_the_hf_model() {
         };
         let bf16 = load_model(&q8_path, &bf16_opts).unwrap().model;
         assert!(
-            bf16.named_weights().iter().all(|(_, w)| w.dtype() == DType::BF16),
+            bf16.named_weights()
+                .iter()
+                .all(|(_, w)| w.dtype() == DType::BF16),
             "{name}: bf16 load"
         );
         assert_eq!(bf16.quantized_bytes(), 0, "{name}: blocks kept off f32/CPU");
         let d = max_diff(&logprobs(&bf16, &seq), &got8);
-        assert!(d < 0.3, "{name}: bf16 load of the Q8_0 GGUF: log-probs differ by {d}");
+        assert!(
+            d < 0.3,
+            "{name}: bf16 load of the Q8_0 GGUF: log-probs differ by {d}"
+        );
         // Weights made trainable no longer decode from (or keep) their blocks.
         let mut trained = q8_model.model.clone();
         rlft_model::trainable::make_trainable(&mut trained, |n| n.contains("mlp.")).unwrap();
