@@ -184,17 +184,25 @@ def perf_summary(p, gpu):
     g_t = p["generate_transformers"].get("result") or {}
     s_r = (p["grpo_rlft"].get("result") or {}).get("detail", {})
     s_t = p["grpo_trl"].get("result") or {}
-    med = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
     return {
         "generate_tokens_per_s": {"rlft": g_r.get("new_tokens_per_s_median"),
                                   "transformers": g_t.get("new_tokens_per_s_median")},
         "generate_peak_mib": {"rlft": p["generate_rlft"].get(key),
                               "transformers": p["generate_transformers"].get(key)},
-        # The first step warms up on both sides and is left out.
-        "grpo_step_s_median": {"rlft": med(s_r.get("step_s", [])[1:]),
-                               "trl": med(s_t.get("step_s", [])[1:])},
+        # Two optimizer steps per rollout (16 completions, 8 per step); the first rollout warms
+        # up on both sides and is left out: seconds per rollout (generation, rewards, reference
+        # pass, two updates) over the rest.
+        "grpo_s_per_rollout": {"rlft": per_rollout(s_r.get("step_s", [])),
+                               "trl": per_rollout(s_t.get("step_s", []))},
         "grpo_peak_mib": {"rlft": p["grpo_rlft"].get(key), "trl": p["grpo_trl"].get(key)},
     }
+
+
+def per_rollout(step_s, steps_per_rollout=2):
+    """Mean seconds per rollout over the steps after the first rollout."""
+    timed = step_s[steps_per_rollout:]
+    n = len(timed) // steps_per_rollout
+    return round(sum(timed[:n * steps_per_rollout]) / n, 4) if n else None
 
 
 def part_plan(c, model_dir, perf):
