@@ -6,8 +6,9 @@
 #   # on the GPU machine:
 #   DIR/gpu-check.sh --out /tmp/gpu-check.json
 #
-# The pack: rlft.xz (the stripped cuda build, xz-compressed; gpu-check.sh unpacks it), gpu-check.sh, gpu_check/ (check.py and its helpers,
-# plus bench/reference's bench.py, grpo.py and measure.py under gpu_check/reference/),
+# The pack (13 MiB): rlft.xz (the stripped cuda build, xz-compressed; gpu-check.sh unpacks it),
+# gpu-check.sh, gpu_check/ (check.py and its helpers, plus bench/reference's bench.py, grpo.py
+# and measure.py under gpu_check/reference/),
 # examples/tiny_python_expr/qwen25_3b.toml, and wheels/ with TRL and what it needs beyond the
 # GPU image (datasets, dill, multiprocess; Python 3.12 wheels from PyPI, the versions of the
 # reference venv). SKIP_BUILD=1 packs the binary already at target/release/rlft;
