@@ -187,15 +187,24 @@ def perf_summary(p, gpu):
     return {
         "generate_tokens_per_s": {"rlft": g_r.get("new_tokens_per_s_median"),
                                   "transformers": g_t.get("new_tokens_per_s_median")},
-        "generate_peak_mib": {"rlft": p["generate_rlft"].get(key),
-                              "transformers": p["generate_transformers"].get(key)},
+        "generate_peak_mib": {"rlft": own(p["generate_rlft"], key),
+                              "transformers": own(p["generate_transformers"], key)},
         # Two optimizer steps per rollout (16 completions, 8 per step); the first rollout warms
         # up on both sides and is left out: seconds per rollout (generation, rewards, reference
         # pass, two updates) over the rest.
         "grpo_s_per_rollout": {"rlft": per_rollout(s_r.get("step_s", [])),
                                "trl": per_rollout(s_t.get("step_s", []))},
-        "grpo_peak_mib": {"rlft": p["grpo_rlft"].get(key), "trl": p["grpo_trl"].get(key)},
+        "grpo_peak_mib": {"rlft": own(p["grpo_rlft"], key), "trl": own(p["grpo_trl"], key)},
     }
+
+
+def own(run, key):
+    """A run's peak: on a GPU the sampled device memory; on the CPU the peak the process reports
+    itself (rlft bench's `peak_rss_mib`, hf_side's `vm_hwm_mib`: exact), else the sampled one."""
+    res = run.get("result") or {}
+    if key == "peak_rss_mib":
+        return res.get("peak_rss_mib") or res.get("vm_hwm_mib") or run.get(key)
+    return run.get(key)
 
 
 def per_rollout(step_s, steps_per_rollout=2):
@@ -215,7 +224,7 @@ def part_plan(c, model_dir, perf):
     plan = json.loads(r["stdout"])["plan"]
     planned = plan["total_bytes"] / 2**20
     key = "peak_gpu_mib" if c.gpu else "peak_rss_mib"
-    measured = (perf or {}).get("grpo_rlft", {}).get(key)
+    measured = own((perf or {}).get("grpo_rlft", {}), key)
     return {"planned_mib": round(planned, 1), "peak_phase": plan.get("peak_phase"),
             "measured_grpo_peak_mib": measured, "measured_is": key,
             "planned_over_measured": round(planned / measured, 3) if measured else None}

@@ -42,6 +42,10 @@ def sync(device):
 
 def peak(device):
     import torch
+    if not device.startswith("cuda"):
+        with open("/proc/self/status") as f:
+            hwm = [int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")]
+        return {"vm_hwm_mib": round(hwm[0] / 1024, 1)} if hwm else {}
     if device.startswith("cuda"):
         return {"torch_max_allocated_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1),
                 "torch_max_reserved_mib": round(torch.cuda.max_memory_reserved() / 2**20, 1)}
