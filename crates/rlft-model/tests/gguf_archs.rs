@@ -338,6 +338,8 @@ fn logprobs(model: &CausalLm, ids: &[u32]) -> Vec<f32> {
     model
         .target_logprobs(&rows, &targets, 5)
         .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap()
         .to_vec1()
         .unwrap()
 }
@@ -478,6 +480,25 @@ fn gguf_of_every_arch_loads_like_the_hf_model() {
             l.quant = None;
         }
         assert_same_decoding(&q8_model.model, &unquantised, name);
+        // Any other dtype or device (bf16 here, as a CUDA load would be): the blocks are
+        // dequantised to that dtype on load and none is kept.
+        let bf16_opts = LoadOptions {
+            dtype: DType::BF16,
+            ..LoadOptions::default()
+        };
+        let bf16 = load_model(&q8_path, &bf16_opts).unwrap().model;
+        assert!(
+            bf16.named_weights()
+                .iter()
+                .all(|(_, w)| w.dtype() == DType::BF16),
+            "{name}: bf16 load"
+        );
+        assert_eq!(bf16.quantized_bytes(), 0, "{name}: blocks kept off f32/CPU");
+        let d = max_diff(&logprobs(&bf16, &seq), &got8);
+        assert!(
+            d < 0.3,
+            "{name}: bf16 load of the Q8_0 GGUF: log-probs differ by {d}"
+        );
         // Weights made trainable no longer decode from (or keep) their blocks.
         let mut trained = q8_model.model.clone();
         rlft_model::trainable::make_trainable(&mut trained, |n| n.contains("mlp.")).unwrap();

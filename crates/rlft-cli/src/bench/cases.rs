@@ -95,7 +95,8 @@ pub fn run_case(case: Case, a: &BenchArgs) -> Result<()> {
         Case::RefPass => bench_ref_pass(a)?,
         Case::Grpo | Case::Rloo | Case::Ppo => {
             let model = crate::default_model::resolve(&a.model.model)?;
-            super::grpo::bench_online(case, &model, a.reps + 1, &a.grpo_set)?
+            let device = crate::common::parse_device(&a.model.device)?;
+            super::grpo::bench_online(case, &model, a.reps + 1, &a.grpo_set, &device)?
         }
     };
     println!("RESULT_JSON {v}");

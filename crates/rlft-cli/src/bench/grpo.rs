@@ -149,8 +149,14 @@ answer_field = "answer"
 /// Runs `steps` steps of the online `case` (grpo, rloo or ppo; the first step is a warm-up,
 /// excluded from the times) and returns the case's result JSON (see [`super::cases`]);
 /// `detail` holds every step's seconds and the per-phase medians. `sets` override config keys
-/// (`key=value`).
-pub fn bench_online(case: Case, model: &Path, steps: usize, sets: &[String]) -> Result<Value> {
+/// (`key=value`). The steps run on `device` (`--device`; `bf16 = true` in `sets` for bf16).
+pub fn bench_online(
+    case: Case,
+    model: &Path,
+    steps: usize,
+    sets: &[String],
+    device: &Device,
+) -> Result<Value> {
     let t0 = Instant::now();
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("prompts.jsonl");
@@ -163,7 +169,7 @@ pub fn bench_online(case: Case, model: &Path, steps: usize, sets: &[String]) -> 
     let cfg_path = dir.path().join(format!("{}.toml", case.name()));
     std::fs::write(&cfg_path, toml_text)?;
     let cfg = load_config(case, &cfg_path, sets)?;
-    let mut p = rlft::grpo::prepare(&cfg, model, &Device::Cpu)?;
+    let mut p = rlft::grpo::prepare(&cfg, model, device)?;
     let load_s = t0.elapsed().as_secs_f64();
     let meter = Meter::start();
     rlft_kernels::op_time::take();
