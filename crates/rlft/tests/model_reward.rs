@@ -29,15 +29,26 @@ const RM_TEMPLATE: &str = "{% for m in messages %}[{{ m.role }}]: {{ m.content }
 const SYSTEM: &str = "Answer with the sum.";
 
 /// Writes a tiny reward model (random backbone of seed 11, a head of std 1 so that scores
-/// spread) with its own chat template; returns its directory.
-fn write_reward_model(dir: &Path) -> PathBuf {
-    let path = dir.join("rm");
-    let cfg = tiny_config(Family::Qwen2);
+/// spread) with its own chat template; returns its directory. `own_vocab`: a Llama whose
+/// tokenizer puts seven more special tokens before the bytes, so every text token id differs
+/// from the policy's (the reward model must re-tokenize); else a Qwen2 with the policy's
+/// tokenizer (what a PPO critic needs).
+fn write_reward_model(dir: &Path, own_vocab: bool) -> PathBuf {
+    let path = dir.join(if own_vocab { "rm-llama" } else { "rm" });
+    let mut spec = tiny_bpe_spec();
+    let cfg = if own_vocab {
+        let extra: Vec<String> = (0..7).map(|i| format!("<|rm{i}|>")).collect();
+        spec.tokens.splice(3..3, extra);
+        spec.token_types
+            .splice(3..3, [rlft_text::token_type::CONTROL; 7]);
+        tiny_config(Family::Llama)
+    } else {
+        tiny_config(Family::Qwen2)
+    };
     let hidden = cfg.hidden_size;
     let model = random_model(cfg, 11, DType::F32, &Device::Cpu).unwrap();
     let head = ScoreHead::normal(hidden, 1.0, 3, DType::F32, &Device::Cpu).unwrap();
-    let text =
-        rlft_text::TextBundle::from_bpe_spec(&tiny_bpe_spec(), Some(RM_TEMPLATE.into())).unwrap();
+    let text = rlft_text::TextBundle::from_bpe_spec(&spec, Some(RM_TEMPLATE.into())).unwrap();
     let generation = rlft_model::GenerationConfig {
         eos_token_ids: vec![2],
         bos_token_id: Some(1),
@@ -90,7 +101,7 @@ fn logged_and_scored(
         .map(|l| serde_json::from_str(l).unwrap())
         .filter(|v: &Value| v["split"] == "train")
         .collect();
-    assert!(logged.len() >= 8, "{} samples logged", logged.len());
+    assert!(logged.len() >= 4, "{} samples logged", logged.len());
     let score_rows: Vec<Value> = logged
         .iter()
         .map(|s| {
@@ -129,12 +140,12 @@ fn assert_parity(pairs: &[(f64, f64)]) {
 #[test]
 fn grpo_logs_the_reward_models_scores() {
     let dir = tempfile::tempdir().unwrap();
-    let rm_dir = write_reward_model(dir.path());
+    let rm_dir = write_reward_model(dir.path(), true);
     let data = dir.path().join("chat.jsonl");
     write_chat_sums(&data, 16);
     let extra = format!(
         "dataset = \"{}\"\nsystem_prompt = \"{SYSTEM}\"\nnum_completions_to_log = 64\n\
-         max_steps = 2\nlogging_steps = 1\n\
+         max_steps = 3\nnum_generations = 2\nlogging_steps = 1\n\
          [[rewards]]\ntype = \"model\"\nname = \"rm\"\npath = \"{}\"\nbatch_size = 3\n\
          weight = 2.0",
         data.display(),
@@ -159,23 +170,17 @@ fn grpo_logs_the_reward_models_scores() {
     }
     let mean = common::online::metric(&s, 0, "rewards/rm/mean");
     assert!(mean.is_finite(), "{mean}");
-    // Not the policy's tokens: the reward model re-tokenized the conversation with its own
-    // template; scoring the policy's rendering gives other scores.
+    // The reward model's tokens are not the policy's: same text, other ids.
     let first = &p.train[0];
-    let policy_text = format!("{}x", first.text);
-    let own = rm
-        .score_rows(&[rm.text.encode(&policy_text, false).unwrap()], 1)
-        .unwrap()[0];
-    let row = json!({"prompt": first.row["prompt"], "completion": "x"});
-    let ds = rlft_data::Dataset::new(vec!["prompt".into(), "completion".into()], vec![row]);
-    let (via_rm, _) = score_dataset(&rm, &ds, Some(SYSTEM), 1).unwrap();
-    assert!((via_rm[0]["score"].as_f64().unwrap() - own as f64).abs() > 1e-4);
+    let rm_ids = rm.text.encode(&first.text, false).unwrap();
+    assert_eq!(rm.text.decode(&rm_ids, false).unwrap(), first.text);
+    assert_ne!(rm_ids, first.ids);
 }
 
 #[test]
 fn ppo_takes_the_reward_model_as_reward_and_critic() {
     let dir = tempfile::tempdir().unwrap();
-    let rm_dir = write_reward_model(dir.path());
+    let rm_dir = write_reward_model(dir.path(), false);
     let more = format!(
         "max_steps = 2\nnum_generations = 1\nper_device_train_batch_size = 4\n\
          num_completions_to_log = 64\nlogging_steps = 1\nvalue_model = \"{0}\"\n\
@@ -238,7 +243,7 @@ fn config_errors_name_the_fix() {
         .unwrap()
         .to_string();
     assert!(e.contains("`path` is missing"), "{e}");
-    let rm = write_reward_model(d);
+    let rm = write_reward_model(d, false);
     let e = load_error(
         d,
         &format!(
