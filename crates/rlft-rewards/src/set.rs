@@ -49,7 +49,7 @@ impl RewardSet {
         specs: &[RewardSpec],
         weights_override: Option<&[f64]>,
     ) -> Result<Self, RewardError> {
-        Self::with_builder(specs, weights_override, &mut build_reward)
+        Self::with_builder(specs, weights_override, build_reward)
     }
 
     /// [`RewardSet::new`] with `build` making each function from its spec: a caller that can
@@ -58,7 +58,7 @@ impl RewardSet {
     pub fn with_builder(
         specs: &[RewardSpec],
         weights_override: Option<&[f64]>,
-        build: &mut dyn FnMut(&RewardSpec) -> Result<Box<dyn Reward>, RewardError>,
+        mut build: impl FnMut(&RewardSpec) -> Result<Box<dyn Reward>, RewardError>,
     ) -> Result<Self, RewardError> {
         if specs.is_empty() {
             return Err(RewardError::Set(
