@@ -118,7 +118,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
              `test` split"
         );
     }
-    let mut rewards = reward_set(&cfg)?;
+    let mut rewards = reward_set(&cfg, &model_path, &loaded.model.device().clone())?;
     let pad_id = loaded
         .generation
         .pad_token_id
@@ -191,7 +191,13 @@ pub struct RewardTestArgs {
 pub fn run_reward(a: RewardArgs) -> Result<()> {
     let RewardCommand::Test(a) = a.command;
     let cfg = GrpoConfig::load(&a.config, &a.set)?;
-    let mut rewards = reward_set(&cfg)?;
+    // A `model` reward's adapter `base` may name the config's `model`: resolve it only then.
+    let model_path = if cfg.rewards.iter().any(|r| r.kind.type_name() == "model") {
+        default_model::resolve(&cfg.args.model)?
+    } else {
+        PathBuf::from(&cfg.args.model)
+    };
+    let mut rewards = reward_set(&cfg, &model_path, &candle_core::Device::Cpu)?;
     let text = std::fs::read_to_string(&a.completions)
         .with_context(|| format!("read {}", a.completions.display()))?;
     let mut rows = Vec::new();

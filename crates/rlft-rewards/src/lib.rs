@@ -135,6 +135,23 @@
 //! should exit when its stdin closes; stderr is captured and its last lines quoted in errors. See
 //! `docs/rewards.md` for a complete Python example of each.
 //!
+//! ## `model`: a reward model
+//!
+//! A reward model's score of prompt + completion (a trained `rlft reward-model`, or any HF
+//! `*ForSequenceClassification` directory with one label). This crate holds no model: it parses
+//! the spec, and the trainers (crate `rlft`, `reward_model::reward`) load the model once and
+//! score each batch with it; see `docs/reward-model.md`.
+//!
+//! ```toml
+//! [[rewards]]
+//! type = "model"
+//! path = "artifacts/rm/final"                  # or artifacts/rm/adapter (a PEFT SEQ_CLS adapter)
+//! # base = "default"                           # an adapter's base (default: its adapter_config)
+//! batch_size = 8                               # sequences per forward pass
+//! max_length = 0                               # keep the last N tokens of longer ones (0: all)
+//! weight = 1.0
+//! ```
+//!
 //! # Writing your own in Rust
 //!
 //! Implement [`Reward`] and add it to a [`RewardSet`] with [`RewardSet::push`].
@@ -153,8 +170,8 @@ pub use error::RewardError;
 pub use set::{RewardSet, Scores};
 pub use spec::{
     build_reward, BoxedAccuracySpec, CommandSpec, HttpSpec, IncrementalFormatSpec, LengthSpec,
-    OverlongSpec, PythonExprRuleSpec, RegexFormatSpec, RepetitionSpec, RewardKind, RewardSpec,
-    StrictFormatSpec,
+    ModelSpec, OverlongSpec, PythonExprRuleSpec, RegexFormatSpec, RepetitionSpec, RewardKind,
+    RewardSpec, StrictFormatSpec,
 };
 
 /// One completion to score.

@@ -49,6 +49,17 @@ impl RewardSet {
         specs: &[RewardSpec],
         weights_override: Option<&[f64]>,
     ) -> Result<Self, RewardError> {
+        Self::with_builder(specs, weights_override, build_reward)
+    }
+
+    /// [`RewardSet::new`] with `build` making each function from its spec: a caller that can
+    /// build kinds this crate cannot (a `model` reward needs a loaded model) handles those and
+    /// passes the rest to [`build_reward`]. Functions keep the order of `specs`.
+    pub fn with_builder(
+        specs: &[RewardSpec],
+        weights_override: Option<&[f64]>,
+        mut build: impl FnMut(&RewardSpec) -> Result<Box<dyn Reward>, RewardError>,
+    ) -> Result<Self, RewardError> {
         if specs.is_empty() {
             return Err(RewardError::Set(
                 "no reward functions: add at least one, e.g. a `[[rewards]]` table with \
@@ -78,7 +89,7 @@ impl RewardSet {
         };
         for (spec, weight) in specs.iter().zip(weights) {
             set.check(spec.display_name(), weight, spec.on_error)?;
-            set.functions.push(build_reward(spec)?);
+            set.functions.push(build(spec)?);
             set.weights.push(weight);
             set.on_error.push(spec.on_error);
         }

@@ -59,11 +59,14 @@ pub enum RewardKind {
     Command(CommandSpec),
     /// An HTTP endpoint receiving `{"samples": [...]}`.
     Http(HttpSpec),
+    /// A reward model (a `score` head) scoring prompt + completion; loaded by the trainers
+    /// (crate `rlft`), since this crate holds no model.
+    Model(ModelSpec),
 }
 
 impl RewardKind {
     /// Every valid `type`, in declaration order.
-    pub const TYPES: [&'static str; 10] = [
+    pub const TYPES: [&'static str; 11] = [
         "python_expr_rule",
         "boxed_accuracy",
         "strict_format",
@@ -74,6 +77,7 @@ impl RewardKind {
         "repetition",
         "command",
         "http",
+        "model",
     ];
 
     /// The `type` string of this kind.
@@ -89,6 +93,7 @@ impl RewardKind {
             RewardKind::Repetition(_) => 7,
             RewardKind::Command(_) => 8,
             RewardKind::Http(_) => 9,
+            RewardKind::Model(_) => 10,
         };
         Self::TYPES[i]
     }
@@ -124,6 +129,9 @@ fn three() -> usize {
 }
 fn thirty() -> f64 {
     30.0
+}
+fn eight() -> usize {
+    8
 }
 
 /// `type = "python_expr_rule"`.
@@ -240,6 +248,27 @@ pub struct HttpSpec {
     pub timeout_s: f64,
 }
 
+/// `type = "model"`: a reward model's score of prompt + completion.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    /// The reward model: an HF `*ForSequenceClassification` directory with one label (what
+    /// `rlft reward-model` writes to `OUTPUT/final`), or a PEFT `SEQ_CLS` adapter directory
+    /// (`OUTPUT/adapter`) over `base`.
+    pub path: String,
+    /// Base model of an adapter `path` (an HF directory or `.gguf`; the trainer's `model`
+    /// string means the policy's base). Default: the adapter's `base_model_name_or_path`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    /// Sequences per forward pass of the reward model (default 8).
+    #[serde(default = "eight")]
+    pub batch_size: usize,
+    /// Longest sequence in the reward model's tokens; a longer one keeps its last `max_length`
+    /// tokens (the score is read at the end). 0 = no limit (default, as TRL's GRPO).
+    #[serde(default)]
+    pub max_length: usize,
+}
+
 impl RewardSpec {
     /// A spec with default name, weight 1.0 and no `on_error`.
     pub fn new(kind: RewardKind) -> Self {
@@ -301,6 +330,14 @@ fn from_map(mut map: Map<String, Value>) -> Result<RewardSpec, String> {
         return Err(format!(
             "unknown reward type `{ty}`{hint}; valid types: {types}"
         ));
+    }
+    if ty == "model" && !map.contains_key("path") {
+        return Err(
+            "reward `model`: `path` is missing; give the reward model's directory: \
+             `rlft reward-model`'s OUTPUT/final (or OUTPUT/adapter with `base`), or an HF \
+             *ForSequenceClassification directory"
+                .into(),
+        );
     }
     let name = match map.remove("name") {
         None | Some(Value::Null) => None,
@@ -422,6 +459,14 @@ pub fn build_reward(spec: &RewardSpec) -> Result<Box<dyn Reward>, RewardError> {
         }
         RewardKind::Command(k) => Box::new(CommandReward::new(name, k)?),
         RewardKind::Http(k) => Box::new(HttpReward::new(name, k)?),
+        RewardKind::Model(_) => {
+            return bad(
+                "a `model` reward loads a model, which this crate does not: build the reward \
+                 set with the trainers' builder (`rlft grpo`, `rloo`, `ppo`, `eval` and \
+                 `reward test` do; in Rust `rlft::grpo::setup::reward_set`)"
+                    .into(),
+            )
+        }
     })
 }
 
@@ -551,6 +596,30 @@ mod tests {
         assert!(e.contains("https"), "{e}");
         let e = build(json!({"type": "http", "url": "http://x/", "timeout_s": 0})).unwrap();
         assert!(e.contains("`timeout_s` must be a positive"), "{e}");
+    }
+
+    #[test]
+    fn model_spec_parses_and_is_built_by_the_trainers() {
+        let s = parse(json!({"type": "model", "path": "rm/final", "weight": 0.5})).unwrap();
+        assert_eq!(
+            s.kind,
+            RewardKind::Model(ModelSpec {
+                path: "rm/final".into(),
+                base: None,
+                batch_size: 8,
+                max_length: 0,
+            })
+        );
+        assert_eq!((s.display_name(), s.weight), ("model", 0.5));
+        let e = parse(json!({"type": "model", "weight": 2})).unwrap_err();
+        assert!(
+            e.contains("`path` is missing") && e.contains("OUTPUT/final"),
+            "{e}"
+        );
+        let e = parse(json!({"type": "model", "path": "x", "bach_size": 2})).unwrap_err();
+        assert!(e.contains("unknown field `bach_size`"), "{e}");
+        let e = build_reward(&s).err().unwrap().to_string();
+        assert!(e.contains("reward_set"), "{e}");
     }
 
     #[test]

@@ -62,3 +62,15 @@ fn sft_example_config_parses() {
     let path = examples().join("sft/sft.toml");
     SftConfig::load(&path, &["dataset=x.jsonl".into()]).unwrap();
 }
+
+#[test]
+fn preference_example_configs_parse() {
+    // `dpo.toml` is an `rlft dpo` config (checked where that trainer lives).
+    let dir = examples().join("preference");
+    let rm: rlft::config::reward::RewardConfig = load(&dir.join("rm.toml"));
+    assert_eq!(rm.center_rewards_coefficient, Some(0.01));
+    let grpo: GrpoConfig = load(&dir.join("grpo_rm.toml"));
+    assert_eq!(grpo.rewards.len(), 1);
+    assert_eq!(grpo.rewards[0].kind.type_name(), "model");
+    assert!(grpo.plan(128).total_steps > 0);
+}

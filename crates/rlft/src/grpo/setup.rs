@@ -3,10 +3,11 @@
 
 use std::path::{Path, PathBuf};
 
-use candle_core::Device;
+use candle_core::{DType, Device};
 use rlft_data::{list_splits, load_dataset, Dataset};
+use rlft_model::load::LoadOptions;
 use rlft_model::CausalLm;
-use rlft_rewards::RewardSet;
+use rlft_rewards::{build_reward, Reward, RewardError, RewardKind, RewardSet, RewardSpec};
 use rlft_text::TextBundle;
 
 use rlft_model::sampling::SamplingParams;
@@ -15,6 +16,7 @@ use crate::config::grpo::{BatchPlan, EvalDecoding, GrpoConfig};
 use crate::data::prompts::{build_prompts, PromptItem, PromptReport};
 use crate::error::{Result, TrainerError};
 use crate::ppo::Critic;
+use crate::reward_model::reward::{ModelReward, PolicyModel, PromptSource};
 use crate::rollout::eval::EvalSettings;
 use crate::rollout::RolloutSettings;
 use crate::run::optim::mix;
@@ -78,9 +80,47 @@ pub struct Prepared {
     pub critic: Option<Critic>,
 }
 
-/// The reward functions of a config.
-pub fn reward_set(cfg: &GrpoConfig) -> Result<RewardSet> {
-    Ok(RewardSet::new(&cfg.rewards, cfg.reward_weights.as_deref())?)
+/// The reward functions of a config. A `type = "model"` reward loads its reward model here
+/// (once, on `device`, in the run's dtype; `model_path` is what the config's `model`
+/// resolved to, for an adapter's `base`); the other kinds are built by
+/// [`rlft_rewards::build_reward`].
+pub fn reward_set(cfg: &GrpoConfig, model_path: &Path, device: &Device) -> Result<RewardSet> {
+    let prompts = PromptSource {
+        column: &cfg.prompt_column,
+        system_prompt: cfg.args.system_prompt.as_deref(),
+    };
+    let policy = PolicyModel {
+        name: &cfg.args.model,
+        path: model_path,
+    };
+    let opts = LoadOptions {
+        device: device.clone(),
+        dtype: if cfg.args.bf16 {
+            DType::BF16
+        } else {
+            DType::F32
+        },
+    };
+    let mut build = |spec: &RewardSpec| -> std::result::Result<Box<dyn Reward>, RewardError> {
+        match &spec.kind {
+            RewardKind::Model(m) => {
+                let r = ModelReward::load(spec.display_name(), m, prompts, policy, &opts)?;
+                eprintln!(
+                    "reward `{}`: reward model {} ({} sequences per pass)",
+                    spec.display_name(),
+                    r.model().source.display(),
+                    m.batch_size
+                );
+                Ok(Box::new(r))
+            }
+            _ => build_reward(spec),
+        }
+    };
+    Ok(RewardSet::with_builder(
+        &cfg.rewards,
+        cfg.reward_weights.as_deref(),
+        &mut build,
+    )?)
 }
 
 /// The passes besides generation and the update that a config's rollouts take: the trainer
@@ -159,7 +199,7 @@ pub fn eval_prompts(cfg: &GrpoConfig, text: &TextBundle) -> Result<Vec<PromptIte
 /// Loads the policy, prompts and rewards; prints the batch arithmetic.
 pub fn prepare(cfg: &GrpoConfig, model_path: &Path, device: &Device) -> Result<Prepared> {
     let a = &cfg.args;
-    let mut rewards = reward_set(cfg)?;
+    let mut rewards = reward_set(cfg, model_path, device)?;
     let (policy, base) = setup::load_policy(a, model_path, device, true)?;
     // Full fine-tuning: the trainable copy owns new storage, so `base` stays the initial
     // weights; keep it only when the KL term needs it.

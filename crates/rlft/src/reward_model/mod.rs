@@ -16,12 +16,14 @@
 //! window (its min and max are means of per-batch minima and maxima), rlft logs each step's
 //! values over all of its pairs, and the eval values over all eval pairs.
 //!
-//! [`score`] scores dataset rows with a trained reward model (`rlft score`).
+//! [`score`] scores dataset rows with a trained reward model (`rlft score`); [`reward`] makes
+//! one a reward of the online trainers (`[[rewards]] type = "model"`).
 //!
 //! The final export is an HF `*ForSequenceClassification` directory (`final/`) that
 //! `AutoModelForSequenceClassification` loads, and with LoRA also the PEFT adapter with the head
 //! (`adapter/`).
 
+pub mod reward;
 pub mod score;
 mod setup;
 
