@@ -9,6 +9,7 @@ pub mod grpo;
 pub mod online;
 pub mod reward;
 pub mod sft;
+pub mod vllm;
 
 use std::path::Path;
 
