@@ -25,7 +25,10 @@ struct Golden {
 
 #[test]
 fn is_correction_matches_trl() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/is_correction_golden.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/is_correction_golden.json"
+    );
     let g: Golden = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let samp: Vec<Vec<f32>> = g
         .sampling

@@ -52,10 +52,9 @@ impl HttpReward {
                     seconds: self.timeout_s,
                     detail: format!("POST {} while {stage}", self.url),
                 },
-                HttpError::Failed(m) => self.error(m.replace(
-                    "is the server running?",
-                    "is the reward server running?",
-                )),
+                HttpError::Failed(m) => {
+                    self.error(m.replace("is the server running?", "is the reward server running?"))
+                }
             })?;
         response.ok().map_err(|m| self.error(m))
     }

@@ -148,7 +148,10 @@ impl IsStats {
     /// The metrics with TRL's names.
     pub fn metrics(&self) -> Vec<(String, f64)> {
         [
-            ("sampling/sampling_logp_difference/mean", self.logp_diff_mean),
+            (
+                "sampling/sampling_logp_difference/mean",
+                self.logp_diff_mean,
+            ),
             ("sampling/sampling_logp_difference/max", self.logp_diff_max),
             ("sampling/importance_sampling_ratio/min", self.ratio_min),
             ("sampling/importance_sampling_ratio/mean", self.ratio_mean),
@@ -185,7 +188,11 @@ pub fn is_weights(
     let (mut ratios, mut diffs) = (Vec::new(), Vec::new());
     let mut weights = Vec::with_capacity(old.len());
     for ((o, s), &k) in old.iter().zip(samp).zip(keep) {
-        assert_eq!(o.len(), s.len(), "old and sampler log-probs differ in length");
+        assert_eq!(
+            o.len(),
+            s.len(),
+            "old and sampler log-probs differ in length"
+        );
         let d: Vec<f64> = o
             .iter()
             .zip(s)
@@ -251,7 +258,12 @@ mod tests {
             clip_max,
         };
         // Token truncate: exp(0.5), exp(-1) clipped below at 0.5.
-        let (w, s) = is_weights(&old, &samp, &keep, &c(IsMode::TokenTruncate, Some(0.5), 3.0));
+        let (w, s) = is_weights(
+            &old,
+            &samp,
+            &keep,
+            &c(IsMode::TokenTruncate, Some(0.5), 3.0),
+        );
         assert!((w[0][0] as f64 - 0.5f64.exp()).abs() < 1e-6);
         assert_eq!(w[0][1], 0.5);
         assert_eq!(w[1][0], 1.0);
@@ -264,7 +276,12 @@ mod tests {
         assert!((w[0][1] as f64 - (-0.5f64).exp()).abs() < 1e-6);
         assert_eq!((s.ratio_max, s.ratio_min), (1.0, (-0.5f64).exp()));
         // A dropped row counts as ratio 1 in sequence modes, not at all in token modes.
-        let (w, s) = is_weights(&old, &samp, &[false, true], &c(IsMode::TokenMask, None, 3.0));
+        let (w, s) = is_weights(
+            &old,
+            &samp,
+            &[false, true],
+            &c(IsMode::TokenMask, None, 3.0),
+        );
         assert_eq!((w[0][0], s.ratio_mean), (1.0, 1.0));
     }
 }

@@ -15,6 +15,7 @@ use super::advantages::{estimate_rollout, shaped_rewards, Advantage};
 use super::dynamic::{Filter, GenBatch};
 use super::setup::{eval_settings, rollout_settings};
 use super::Prepared;
+use crate::algo::is_correction::is_weights;
 use crate::algo::rloo_loss::{rloo_loss, RlooLossInputs};
 use crate::algo::value_loss::{value_loss, ValueLossInputs};
 use crate::algo::{grpo_loss, Estimator, LossInputs, LossNormalizer};
@@ -25,13 +26,12 @@ use crate::error::Result;
 use crate::error::TrainerError;
 use crate::ppo::Critic;
 use crate::rollout::eval::evaluate;
+use crate::rollout::remote::ServerPool;
 use crate::rollout::samples::{pick, LoggedSample, SampleLog};
 use crate::rollout::stats::{rollout_metrics, HealthMonitor};
-use crate::algo::is_correction::is_weights;
-use crate::rollout::remote::ServerPool;
 use crate::rollout::{
-    generate_and_score, generate_and_score_remote, no_grad_passes, pad_rows, policy_pass, timed, MicroRows, NoGradPasses,
-    Sample, ScoreOptions,
+    generate_and_score, generate_and_score_remote, no_grad_passes, pad_rows, policy_pass, timed,
+    MicroRows, NoGradPasses, Sample, ScoreOptions,
 };
 use crate::run::optim::mix;
 use crate::run::{
@@ -523,7 +523,11 @@ fn connect_servers(cfg: &GrpoConfig) -> Result<Option<ServerPool>> {
     let timeout = std::time::Duration::from_secs_f64(cfg.vllm.vllm_server_timeout);
     let root = cfg.args.output_dir.join("rollout_adapters");
     let pool = ServerPool::connect(&cfg.vllm.urls(), timeout, &root)?;
-    eprintln!("rollouts on {} server(s): {}", pool.live().len(), pool.live().join(", "));
+    eprintln!(
+        "rollouts on {} server(s): {}",
+        pool.live().len(),
+        pool.live().join(", ")
+    );
     Ok(Some(pool))
 }
 

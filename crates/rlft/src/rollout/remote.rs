@@ -245,7 +245,10 @@ impl ServerPool {
         let remaining = AtomicUsize::new(prompts.len());
         let fatal: Mutex<Option<String>> = Mutex::new(None);
         let live: Vec<&Server> = self.servers.iter().filter(|s| s.is_alive()).collect();
-        let per_server = prompts.len().div_ceil(live.len().max(1)).clamp(1, MAX_IN_FLIGHT);
+        let per_server = prompts
+            .len()
+            .div_ceil(live.len().max(1))
+            .clamp(1, MAX_IN_FLIGHT);
         let worker = |srv: &Server| loop {
             if !srv.is_alive() || fatal.lock().unwrap().is_some() {
                 return;
@@ -358,8 +361,10 @@ fn parse_choices(v: &Value, n: usize) -> std::result::Result<Vec<Choice>, String
     for c in choices {
         let ids: Vec<u32> = c["token_ids"]
             .as_array()
-            .ok_or("a choice without `token_ids`: the server must support `return_token_ids` \
-                    (vLLM >= 0.10.2, rlft serve)")?
+            .ok_or(
+                "a choice without `token_ids`: the server must support `return_token_ids` \
+                    (vLLM >= 0.10.2, rlft serve)",
+            )?
             .iter()
             .map(|x| x.as_u64().map(|x| x as u32).ok_or("bad token id"))
             .collect::<std::result::Result<_, _>>()?;
