@@ -161,6 +161,7 @@
 mod error;
 pub mod external;
 pub mod format;
+pub mod http_client;
 pub mod normalize;
 pub mod rules;
 mod set;

@@ -282,6 +282,7 @@ fn candle_vs_golden(dtype: DType, tol: f64) -> (f64, f64, f64) {
                 advantages: &adv,
                 mask: &mask,
                 entropies: Some(&ent),
+                is_weight: None,
                 normalizer: normalizer(inp),
             },
             &config(c, inp),

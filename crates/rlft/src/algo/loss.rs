@@ -14,7 +14,8 @@
 //!          rd = min(r, delta) with two-sided clipping (delta), else r
 //!        = -sg(min(r, eps_high)) * A * logp                          cispo
 //!        = -sigmoid(tau (r - 1)) * 4 / tau * A,  tau = A > 0 ? tau_pos : tau_neg     sapo
-//! l      = policy * entropy_mask + beta * kl               (kl only when beta != 0)
+//! l      = policy * entropy_mask * is_weight + beta * kl   (kl only when beta != 0;
+//!                                                          is_weight: server rollouts)
 //! ```
 //!
 //! then `l` is summed over the completion tokens and normalised per [`LossType`]. `eps_high >
@@ -71,6 +72,10 @@ pub struct LossInputs<'a> {
     /// `[N, T]` per-token entropies of the policy's distributions (no gradient); required iff
     /// `top_entropy_quantile < 1`, ignored otherwise.
     pub entropies: Option<&'a Tensor>,
+    /// `[N, T]` importance-sampling weights of rollouts sampled by a server (no gradient; see
+    /// [`super::is_correction`]): they multiply the policy term, before the KL is added (TRL
+    /// `grpo_trainer.py:3146-3147`). `None` = 1.
+    pub is_weight: Option<&'a Tensor>,
     /// Accumulation steps and, for `dapo` and `cispo`, the step's token count.
     pub normalizer: LossNormalizer,
 }
@@ -280,6 +285,9 @@ pub fn grpo_loss(inp: &LossInputs, cfg: &LossConfig) -> Result<LossOutput> {
         let e = same("entropies", e)?;
         per_token = per_token.mul(&entropy_mask_tensor(&e, &mask, cfg.top_entropy_quantile)?)?;
     }
+    if let Some(w) = inp.is_weight {
+        per_token = per_token.mul(&same("is_weight", w)?.detach())?;
+    }
     if let Some(kl) = &kl {
         per_token = (per_token + kl.affine(cfg.beta, 0.0)?)?;
     }
@@ -433,6 +441,7 @@ mod tests {
                 advantages: adv,
                 mask: &mask,
                 entropies: None,
+                is_weight: None,
                 normalizer: LossNormalizer::single(5.0),
             };
             let out = grpo_loss(&inp, &cfg).unwrap();
@@ -459,6 +468,7 @@ mod tests {
             advantages: &bad,
             mask: &mask,
             entropies: None,
+            is_weight: None,
             normalizer: LossNormalizer::single(5.0),
         };
         let e = grpo_loss(&inp, &cfg).unwrap_err().to_string();
@@ -480,6 +490,7 @@ mod tests {
                 advantages: &adv,
                 mask: &mask,
                 entropies: None,
+                is_weight: None,
                 normalizer: LossNormalizer {
                     accumulation_steps: 2,
                     num_items_in_batch: 4.0,
@@ -521,6 +532,7 @@ mod tests {
                 advantages: &adv,
                 mask: &mask,
                 entropies: None,
+                is_weight: None,
                 normalizer: LossNormalizer::single((n * t) as f64),
             },
             cfg,
@@ -592,6 +604,7 @@ mod tests {
             advantages: &adv,
             mask: &mask,
             entropies: None,
+            is_weight: None,
             normalizer: LossNormalizer::single(6.0),
         };
         let kl_cfg = LossConfig {

@@ -47,6 +47,7 @@ pub mod advantage;
 pub mod dpo_loss;
 pub mod entropy_mask;
 pub mod estimators;
+pub mod is_correction;
 pub mod loop_ref;
 pub mod loss;
 pub mod loss_config;

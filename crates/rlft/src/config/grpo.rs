@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::args::TrainingArgs;
 use super::online::{EstimatorSettings, ONLINE_ALIASES};
+use super::vllm::VllmSettings;
 use super::{ConfigError, TrainerConfig};
 use crate::algo::{
     AdvantageConfig, ImportanceSamplingLevel, LossConfig, LossType, MultiObjectiveAggregation,
@@ -139,6 +140,10 @@ pub struct GrpoConfig {
     /// [`super::online`]).
     #[serde(flatten)]
     pub estimator: EstimatorSettings,
+    /// Rollouts on OpenAI-compatible servers and their importance-sampling correction (flat
+    /// keys, TRL's `use_vllm`, `vllm_*`; see [`super::vllm`]).
+    #[serde(flatten)]
+    pub vllm: VllmSettings,
     /// Reward functions, in order (`[[rewards]]` tables; see `docs/rewards.md`).
     pub rewards: Vec<RewardSpec>,
 }
@@ -188,6 +193,7 @@ impl Default for GrpoConfig {
             kl_warning_threshold: 1.0,
             zero_std_warning_steps: 5,
             estimator: EstimatorSettings::default(),
+            vllm: VllmSettings::default(),
             rewards: Vec::new(),
         }
     }
@@ -244,6 +250,18 @@ pub const GRPO_KEYS: &[&str] = &[
     "value_model",
     "dynamic_sampling",
     "max_num_gen_batches",
+    // Rollout servers (`super::vllm::VllmSettings`, flattened; `super::vllm::VLLM_KEYS`).
+    "use_vllm",
+    "vllm_mode",
+    "vllm_server_base_url",
+    "vllm_server_host",
+    "vllm_server_port",
+    "vllm_server_timeout",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_cap",
 ];
 
 /// LightRFT / OpenRLHF names accepted as aliases: (alias, canonical key, meaning).
@@ -520,6 +538,7 @@ impl GrpoConfig {
         }
         self.check_estimator()?;
         self.check_batches()?;
+        self.vllm.check(self.args.use_peft)?;
         if self.max_prompt_length == 0 || self.max_completion_length == 0 {
             return bad("max_prompt_length and max_completion_length must be >= 1".into());
         }
@@ -634,8 +653,17 @@ mod tests {
                 value_model: Some("v".into()),
                 ..Default::default()
             },
+            vllm: VllmSettings {
+                vllm_server_base_url: Some(crate::config::vllm::ServerUrls::One("u".into())),
+                vllm_importance_sampling_clip_min: Some(0.5),
+                vllm_importance_sampling_cap: Some(3.0),
+                ..Default::default()
+            },
             ..Default::default()
         });
+        for k in crate::config::vllm::VLLM_KEYS {
+            assert!(GRPO_KEYS.contains(k), "{k}");
+        }
     }
 
     #[test]

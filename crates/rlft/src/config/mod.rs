@@ -10,6 +10,7 @@ pub mod online;
 pub mod online_dpo;
 pub mod reward;
 pub mod sft;
+pub mod vllm;
 
 use std::path::Path;
 

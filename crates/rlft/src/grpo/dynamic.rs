@@ -103,6 +103,7 @@ fn placeholder() -> Sample {
         completion_ids: Vec::new(),
         text: String::new(),
         truncated: false,
+        sampler_logprobs: None,
     }
 }
 
@@ -157,6 +158,7 @@ mod tests {
                 completion_ids: vec![tag, i as u32],
                 text: String::new(),
                 truncated: false,
+                sampler_logprobs: None,
             })
             .collect();
         GenBatch {

@@ -139,13 +139,20 @@ pub struct Passes {
     pub old_in_loss: bool,
 }
 
+/// Whether rollouts come from servers with the importance-sampling correction on.
+fn is_corrected(cfg: &GrpoConfig) -> bool {
+    cfg.vllm.correction().is_some()
+}
+
 /// The passes of `cfg` with batch plan `plan`.
 pub fn passes(cfg: &GrpoConfig, plan: &BatchPlan) -> Passes {
     Passes {
         reference: cfg.beta > 0.0,
         reference_copy: cfg.beta > 0.0 && !cfg.args.use_peft,
-        old: plan.steps_per_rollout > 1 || cfg.kl_in_reward(),
-        old_in_loss: plan.steps_per_rollout > 1,
+        // Server rollouts with the IS correction always take the trainer's own log-probs (TRL
+        // grpo_trainer.py:2643-2646), and the loss uses them as the old policy.
+        old: plan.steps_per_rollout > 1 || cfg.kl_in_reward() || is_corrected(cfg),
+        old_in_loss: plan.steps_per_rollout > 1 || is_corrected(cfg),
     }
 }
 

@@ -15,6 +15,7 @@ use super::advantages::{estimate_rollout, shaped_rewards, Advantage};
 use super::dynamic::{Filter, GenBatch};
 use super::setup::{eval_settings, rollout_settings};
 use super::Prepared;
+use crate::algo::is_correction::is_weights;
 use crate::algo::rloo_loss::{rloo_loss, RlooLossInputs};
 use crate::algo::value_loss::{value_loss, ValueLossInputs};
 use crate::algo::{grpo_loss, Estimator, LossInputs, LossNormalizer};
@@ -25,11 +26,12 @@ use crate::error::Result;
 use crate::error::TrainerError;
 use crate::ppo::Critic;
 use crate::rollout::eval::evaluate;
+use crate::rollout::remote::ServerPool;
 use crate::rollout::samples::{pick, LoggedSample, SampleLog};
 use crate::rollout::stats::{rollout_metrics, HealthMonitor};
 use crate::rollout::{
-    generate_and_score, no_grad_passes, pad_rows, policy_pass, timed, MicroRows, NoGradPasses,
-    Sample, ScoreOptions,
+    generate_and_score, generate_and_score_remote, no_grad_passes, pad_rows, policy_pass, timed,
+    MicroRows, NoGradPasses, Sample, ScoreOptions,
 };
 use crate::run::optim::mix;
 use crate::run::{
@@ -50,6 +52,8 @@ pub struct Rollout {
     /// PPO: the critic's values at rollout time and the returns it regresses on.
     old_values: Option<Vec<Vec<f32>>>,
     returns: Option<Vec<Vec<f64>>>,
+    /// Server rollouts: the importance-sampling weights of every sample's tokens.
+    is_weights: Option<Vec<Vec<f32>>>,
     scores: Scores,
     metrics: Metrics,
 }
@@ -65,6 +69,8 @@ struct Grpo<'a> {
     plan: BatchPlan,
     health: HealthMonitor,
     logs: OnlineLogs,
+    /// Rollouts on servers (`use_vllm`, `vllm_mode = "server"`).
+    servers: Option<ServerPool>,
 }
 
 impl Grpo<'_> {
@@ -81,11 +87,33 @@ impl Grpo<'_> {
         let cfg = self.cfg;
         let want = self.plan.rollout_prompts;
         let seed = mix(cfg.args.seed, at.global_step);
+        // Servers sample from the adapter of this step: push it first (once per step).
+        let served = match &mut self.servers {
+            Some(pool) => Some(timed(times, "push_adapter", || {
+                pool.push_adapter(policy, at.global_step, &cfg.args.model)
+            })?),
+            None => None,
+        };
+        let servers = self.servers.as_ref().zip(served.as_deref());
         let mut generate = |data: &mut DataCursor, seed: u64, times: &mut Metrics| {
             let prompts = data.take(want);
             let settings = rollout_settings(cfg, policy, seed);
             let (p, t) = (&policy.model, &policy.text);
-            generate_and_score(p, t, self.train, &prompts, &settings, self.rewards, times)
+            match servers {
+                Some((pool, model)) => generate_and_score_remote(
+                    pool,
+                    model,
+                    t,
+                    self.train,
+                    &prompts,
+                    &settings,
+                    self.rewards,
+                    times,
+                ),
+                None => {
+                    generate_and_score(p, t, self.train, &prompts, &settings, self.rewards, times)
+                }
+            }
         };
         if !cfg.estimator.dynamic_sampling {
             let (samples, scores) = generate(data, seed, times)?;
@@ -199,6 +227,21 @@ impl Algorithm for Grpo<'_> {
             share_prompts: cfg.share_prompts,
         };
         let (old, reference) = no_grad_passes(&passes, self.train, &samples, times)?;
+        let (is_weights, is_stats) = match (cfg.vllm.correction(), &old) {
+            (Some(c), Some(old)) => {
+                let keep: Vec<bool> = samples
+                    .iter()
+                    .map(|s| !(cfg.mask_truncated_completions && s.truncated))
+                    .collect();
+                let sampler: Vec<Vec<f32>> = samples
+                    .iter()
+                    .map(|s| s.sampler_logprobs.clone().unwrap_or_else(|| old_like(s)))
+                    .collect();
+                let (w, stats) = is_weights(old, &sampler, &keep, &c);
+                (Some(w), stats.metrics())
+            }
+            _ => (None, Metrics::new()),
+        };
         let values = match self.critic {
             Some(c) => Some(timed(times, "values", || {
                 let batch = cfg.args.per_device_train_batch_size;
@@ -231,6 +274,7 @@ impl Algorithm for Grpo<'_> {
         }
         metrics.extend(est.metrics);
         metrics.extend(sampling_metrics);
+        metrics.extend(is_stats);
         Ok(Rollout {
             logged_advantages: est.advantages.per_completion(),
             samples,
@@ -239,6 +283,7 @@ impl Algorithm for Grpo<'_> {
             reference: reference.filter(|_| !cfg.kl_in_reward()),
             old_values: values,
             returns: est.returns,
+            is_weights,
             scores,
             metrics,
         })
@@ -290,6 +335,14 @@ impl Algorithm for Grpo<'_> {
         };
         let pass = policy_pass(&policy.model, self.train, &rows, o)?;
         let device = policy.model.device();
+        // TRL's RLOOTrainer has no sampler correction; the weights go to the GRPO loss only.
+        let is_weight = match &r.is_weights {
+            Some(w) => {
+                let rows: Vec<&[f32]> = mb.iter().map(|&i| &w[i][..]).collect();
+                Some(pad_rows(&rows, pass.mask.dim(1)?, device)?)
+            }
+            None => None,
+        };
         let adv = r.advantages.tensor(mb, pass.mask.dim(1)?, device)?;
         let loss = if cfg.estimator.advantage_estimator == Estimator::Rloo {
             let out = rloo_loss(&RlooLossInputs {
@@ -315,6 +368,7 @@ impl Algorithm for Grpo<'_> {
                     advantages: &adv,
                     mask: &pass.mask,
                     entropies: pass.entropies.as_ref(),
+                    is_weight: is_weight.as_ref(),
                     normalizer: LossNormalizer {
                         accumulation_steps: cfg.args.gradient_accumulation_steps,
                         num_items_in_batch: num_items.max(1) as f64,
@@ -416,6 +470,27 @@ impl Algorithm for Grpo<'_> {
     }
 }
 
+/// The rollout servers of a config that uses them (waits up to `vllm_server_timeout` for each).
+fn connect_servers(cfg: &GrpoConfig) -> Result<Option<ServerPool>> {
+    if !cfg.vllm.on_servers() {
+        return Ok(None);
+    }
+    let timeout = std::time::Duration::from_secs_f64(cfg.vllm.vllm_server_timeout);
+    let root = cfg.args.output_dir.join("rollout_adapters");
+    let pool = ServerPool::connect(&cfg.vllm.urls(), timeout, &root)?;
+    eprintln!(
+        "rollouts on {} server(s): {}",
+        pool.live().len(),
+        pool.live().join(", ")
+    );
+    Ok(Some(pool))
+}
+
+/// A sample without sampler log-probs (cannot happen on servers): NaN, i.e. no correction.
+fn old_like(s: &Sample) -> Vec<f32> {
+    vec![f32::NAN; s.completion_ids.len()]
+}
+
 /// Runs GRPO as configured: prints progress, writes metrics, samples, checkpoints, the final
 /// model and `run_summary.json` under `output_dir`.
 pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<GrpoSummary> {
@@ -429,6 +504,7 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
         rewards: &mut p.rewards,
         plan: p.plan,
         health: HealthMonitor::new(cfg.kl_warning_threshold, cfg.zero_std_warning_steps),
+        servers: connect_servers(cfg)?,
     };
     crate::run::run(cfg, &mut algo, &mut p.policy, opts)
 }

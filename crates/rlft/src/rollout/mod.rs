@@ -26,6 +26,7 @@ use crate::run::Metrics;
 use eval::score_samples;
 
 pub mod eval;
+pub mod remote;
 pub mod samples;
 pub mod stats;
 
@@ -40,6 +41,9 @@ pub struct Sample {
     pub text: String,
     /// Whether it hit `max_completion_length` without an eos.
     pub truncated: bool,
+    /// Per-token log-probs the sampler reported (rollouts on servers, [`remote`]); `None` for
+    /// the in-process rollout, whose sampler is the policy itself.
+    pub sampler_logprobs: Option<Vec<f32>>,
 }
 
 /// Sampling settings of a rollout.
@@ -103,6 +107,7 @@ pub fn sample_completions(
             truncated: c.finish_reason == FinishReason::Length,
             completion_ids: c.token_ids,
             text: c.text,
+            sampler_logprobs: None,
         })
         .collect())
 }
@@ -330,6 +335,26 @@ pub fn generate_and_score(
     let samples = timed(times, "generate", || {
         let m = rollout_model(policy)?;
         sample_completions(&m, text, items, prompts, settings)
+    })?;
+    let scores = timed(times, "reward", || score_samples(rewards, items, &samples))?;
+    Ok((samples, scores))
+}
+
+/// [`generate_and_score`] with the completions sampled on servers ([`remote`]) from `model`
+/// (the adapter version the servers hold).
+#[allow(clippy::too_many_arguments)]
+pub fn generate_and_score_remote(
+    pool: &remote::ServerPool,
+    model: &str,
+    text: &TextBundle,
+    items: &[PromptItem],
+    prompts: &[usize],
+    settings: &RolloutSettings,
+    rewards: &mut RewardSet,
+    times: &mut Metrics,
+) -> Result<(Vec<Sample>, Scores)> {
+    let samples = timed(times, "generate", || {
+        pool.sample(model, text, items, prompts, settings)
     })?;
     let scores = timed(times, "reward", || score_samples(rewards, items, &samples))?;
     Ok((samples, scores))

@@ -314,6 +314,7 @@ fn compare(case: &Case, dtype: DType, tol: f64) -> Errs {
                     advantages: &adv,
                     mask: &mask,
                     entropies: Some(&ent),
+                    is_weight: None,
                     normalizer,
                 },
                 &cfg,

@@ -1,0 +1,307 @@
+//! GRPO with rollouts on servers (`use_vllm = true`, `vllm_mode = "server"`) end to end: two
+//! real `rlft serve` processes on 127.0.0.1 (port 0, the printed address) serving a tiny random
+//! model, and `rlft grpo` with LoRA sampling on both.
+//!
+//! - the metrics are those of an in-process run of the same config plus the
+//!   importance-sampling stats (`sampling/*`) and the adapter push time;
+//! - every step's adapter is hot-loaded on both servers (their logs), and the next rollout's
+//!   sampler log-probs follow it: the trainer/sampler difference stays at float noise while
+//!   the policy moves away from the base by far more (KL);
+//! - killing one server mid-run moves its groups to the other and the run takes every step;
+//! - with no server left the run stops with a clear error.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rlft_model::config::Family;
+use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
+use serde_json::Value;
+
+/// A running `rlft serve`, killed when dropped.
+struct Server {
+    child: Child,
+    url: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    fn start(model: &Path) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rlft"))
+            .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start rlft serve");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let log = Arc::new(Mutex::new(String::new()));
+        let url = loop {
+            let Some(Ok(line)) = lines.next() else {
+                panic!(
+                    "rlft serve exited before listening: {}",
+                    log.lock().unwrap()
+                );
+            };
+            log.lock().unwrap().push_str(&format!("{line}\n"));
+            if let Some(rest) = line.strip_prefix("listening on ") {
+                break rest.split_whitespace().next().unwrap().to_string();
+            }
+        };
+        let l = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                l.lock().unwrap().push_str(&format!("{line}\n"));
+            }
+        });
+        Server { child, url, log }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// The adapter names this server loaded, in order.
+    fn loaded(&self) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter_map(|l| l.strip_prefix("loaded LoRA adapter `"))
+            .map(|l| l.split('`').next().unwrap().to_string())
+            .collect()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A tiny random model, prompts and a GRPO config with LoRA; `servers` = the base URLs (empty:
+/// the in-process rollout).
+fn setup(dir: &Path, servers: &[&str], steps: usize) -> std::path::PathBuf {
+    let model = dir.join("model");
+    if !model.exists() {
+        save_tiny_hf_dir(tiny_config(Family::Qwen2), 3, &model).unwrap();
+        let rows: Vec<String> = (0..16)
+            .map(|i| serde_json::json!({"prompt": format!("What is {i} + {}?", i % 5)}).to_string())
+            .collect();
+        std::fs::write(dir.join("prompts.jsonl"), rows.join("\n") + "\n").unwrap();
+    }
+    let urls: Vec<String> = servers.iter().map(|u| format!("{u:?}")).collect();
+    let vllm = if servers.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "use_vllm = true\nvllm_mode = \"server\"\nvllm_server_base_url = [{}]\n\
+             vllm_server_timeout = 60\n",
+            urls.join(", ")
+        )
+    };
+    let out = dir.join(if servers.is_empty() {
+        "out_local"
+    } else {
+        "out_servers"
+    });
+    let text = format!(
+        r#"
+model = "{model}"
+output_dir = "{out}"
+dataset = "{data}"
+max_prompt_length = 64
+max_completion_length = 12
+num_generations = 4
+per_device_train_batch_size = 8
+gradient_accumulation_steps = 1
+learning_rate = 5e-2
+max_steps = {steps}
+beta = 0.04
+use_peft = true
+report_to = ["jsonl"]
+seed = 7
+# The random model is peaked: a hot sampler gives groups with different rewards.
+temperature = 30.0
+{vllm}
+[lora]
+r = 8
+lora_alpha = 16
+
+[[rewards]]
+type = "regex_format"
+pattern = "[a-z]"
+"#,
+        model = model.display(),
+        out = out.display(),
+        data = dir.join("prompts.jsonl").display(),
+    );
+    let cfg = dir.join(if servers.is_empty() {
+        "local.toml"
+    } else {
+        "servers.toml"
+    });
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
+fn grpo(cfg: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_rlft"));
+    c.args(["grpo", "--config", cfg.to_str().unwrap()]);
+    c
+}
+
+fn ok(out: Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "rlft grpo failed: {err}");
+    err
+}
+
+/// The per-step metrics of a run.
+fn metrics(out_dir: &Path) -> Vec<serde_json::Map<String, Value>> {
+    let text = std::fs::read_to_string(out_dir.join("metrics.jsonl")).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter_map(|v| v.as_object().cloned())
+        .filter(|m| m.contains_key("loss"))
+        .collect()
+}
+
+fn num(m: &serde_json::Map<String, Value>, k: &str) -> f64 {
+    m.get(k)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("no {k} in {m:?}"))
+}
+
+#[test]
+fn grpo_on_two_servers_matches_in_process_metrics_and_follows_the_adapter() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 3;
+    let local = setup(tmp.path(), &[], steps);
+    let (a, b) = (
+        Server::start(&tmp.path().join("model")),
+        Server::start(&tmp.path().join("model")),
+    );
+    let cfg = setup(tmp.path(), &[&a.url, &b.url], steps);
+    let err = ok(grpo(&cfg).output().unwrap());
+    assert!(err.contains("rollouts on 2 server(s)"), "{err}");
+    ok(grpo(&local).output().unwrap());
+
+    let served = metrics(&tmp.path().join("out_servers"));
+    let inproc = metrics(&tmp.path().join("out_local"));
+    assert_eq!((served.len(), inproc.len()), (steps, steps));
+    // Same metrics in kind: the in-process keys, plus the sampler correction, the trainer's
+    // own log-prob pass it needs (TRL runs it too) and the adapter push.
+    let keys = |m: &serde_json::Map<String, Value>| {
+        let mut k: Vec<String> = m.keys().cloned().collect();
+        k.sort();
+        k
+    };
+    let extra = [
+        "sampling/importance_sampling_ratio/max",
+        "sampling/importance_sampling_ratio/mean",
+        "sampling/importance_sampling_ratio/min",
+        "sampling/sampling_logp_difference/max",
+        "sampling/sampling_logp_difference/mean",
+        "time/old_logprobs",
+        "time/push_adapter",
+    ];
+    for (s, l) in served.iter().zip(&inproc) {
+        let mut want = keys(l);
+        want.extend(extra.iter().map(|k| k.to_string()));
+        want.sort();
+        assert_eq!(keys(s), want);
+        for k in ["reward", "reward_std", "kl", "loss"] {
+            assert!(num(s, k).is_finite(), "{k}");
+        }
+    }
+    // Every step's adapter reached both servers, in order.
+    let names: Vec<String> = (0..steps).map(|s| format!("rlft-step-{s}")).collect();
+    assert_eq!(a.loaded(), names, "server a: {}", a.log());
+    assert_eq!(b.loaded(), names, "server b: {}", b.log());
+    // ...and the rollouts sampled from it: the sampler's log-probs equal the trainer's up to
+    // float noise at every step, while the trained adapter moved the policy far from the base
+    // (a server still on the base, or a step behind, would differ by about that much).
+    let last = served.last().unwrap();
+    let kl = num(last, "kl");
+    for m in &served {
+        let diff = num(m, "sampling/sampling_logp_difference/max");
+        eprintln!(
+            "step {}: logp diff max {diff:e}, kl {}, reward {} std {} len {}",
+            m["step"],
+            num(m, "kl"),
+            num(m, "reward"),
+            num(m, "reward_std"),
+            num(m, "completions/mean_length")
+        );
+        assert!(diff < 1e-3, "sampler vs trainer log-prob difference {diff}");
+        let r = num(m, "sampling/importance_sampling_ratio/mean");
+        assert!((r - 1.0).abs() < 1e-2, "IS ratio {r}");
+    }
+    assert!(
+        kl > 1e-3,
+        "the policy hardly moved (kl {kl}): the test shows nothing"
+    );
+}
+
+#[test]
+fn killing_a_server_mid_run_moves_its_work_to_the_other() {
+    let tmp = tempfile::tempdir().unwrap();
+    let steps = 5;
+    setup(tmp.path(), &[], steps);
+    let mut a = Server::start(&tmp.path().join("model"));
+    let b = Server::start(&tmp.path().join("model"));
+    let cfg = setup(tmp.path(), &[&a.url, &b.url], steps);
+    let mut run = grpo(&cfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Kill server a once it holds step 2's adapter (the third rollout is on its way).
+    let t0 = Instant::now();
+    while !a.loaded().contains(&"rlft-step-2".to_string()) {
+        assert!(t0.elapsed() < Duration::from_secs(300), "{}", a.log());
+        if let Some(status) = run.try_wait().unwrap() {
+            panic!("the run ended ({status}) before step 2: {}", a.log());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let err = ok(run.wait_with_output().unwrap());
+    assert!(
+        err.contains(&format!("rollout server {} dropped", a.url)),
+        "{err}"
+    );
+    let m = metrics(&tmp.path().join("out_servers"));
+    let steps_logged: Vec<u64> = m.iter().map(|m| m["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps_logged, (1..=steps as u64).collect::<Vec<_>>());
+    let names: Vec<String> = (0..steps).map(|s| format!("rlft-step-{s}")).collect();
+    assert_eq!(b.loaded(), names, "{}", b.log());
+    assert!(!a.loaded().contains(&"rlft-step-4".to_string()));
+}
+
+#[test]
+fn no_server_left_is_a_clear_error_and_no_step_is_taken() {
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path(), &[], 2);
+    // A port nothing listens on: bind one, then free it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = setup(tmp.path(), &[&format!("http://127.0.0.1:{port}")], 2);
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("vllm_server_timeout = 60", "vllm_server_timeout = 1");
+    std::fs::write(&cfg, text).unwrap();
+    let out = grpo(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("no rollout server left"), "{err}");
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    let metrics = tmp.path().join("out_servers/metrics.jsonl");
+    let trained = std::fs::read_to_string(metrics).unwrap_or_default();
+    assert!(!trained.contains("\"loss\""), "{trained}");
+}

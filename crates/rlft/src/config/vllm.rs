@@ -1,0 +1,218 @@
+//! Rollouts on OpenAI-compatible servers (vLLM, SGLang or `rlft serve`) with TRL 1.16's names
+//! (`trl/trainer/grpo_config.py:118-170, 318-345`): `use_vllm = true` and `vllm_mode =
+//! "server"` send generation to `vllm_server_base_url` (one URL or a list), and the sampler /
+//! trainer log-prob mismatch is corrected by importance sampling
+//! (`vllm_importance_sampling_*`). See `docs/grpo.md#rollouts-on-servers`.
+//!
+//! Differences from TRL, each on purpose:
+//! - `vllm_server_base_url` also takes a list of URLs; prompt groups are spread over them and a
+//!   server that fails is left for the others.
+//! - `vllm_server_timeout` is both TRL's "wait this long for the server to be up" and the limit
+//!   of one generation request (TRL has no per-request limit).
+//! - Weights reach the servers as a PEFT adapter through `/v1/load_lora_adapter` (vLLM's
+//!   runtime-LoRA API), so `use_peft = true` is required; TRL pushes full weights over NCCL.
+//! - `vllm_mode = "colocate"` has no rlft counterpart: the in-process rollout
+//!   (`use_vllm = false`) already shares the trainer's weights.
+//! - TOML has no null: `vllm_importance_sampling_clip_max = inf` stands for TRL's `None`.
+
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+use crate::algo::is_correction::{IsCorrection, IsMode};
+
+/// Where vLLM runs (`vllm_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VllmMode {
+    /// A separate server the trainer talks to over HTTP.
+    Server,
+    /// vLLM in the trainer's process (TRL's default; not available in rlft).
+    #[default]
+    Colocate,
+}
+
+/// `vllm_server_base_url`: one URL or several.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ServerUrls {
+    /// One server.
+    One(String),
+    /// Several servers sharing the rollouts.
+    Many(Vec<String>),
+}
+
+/// The rollout-server keys (flat keys of an online config).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct VllmSettings {
+    /// Generate on OpenAI-compatible servers instead of in process (TRL `use_vllm`).
+    pub use_vllm: bool,
+    /// "server" (the only mode rlft has) or "colocate" (TRL's default, refused with a hint).
+    pub vllm_mode: VllmMode,
+    /// Base URL of the server, e.g. "http://127.0.0.1:8000", or a list of them; unset =
+    /// `http://{vllm_server_host}:{vllm_server_port}`.
+    pub vllm_server_base_url: Option<ServerUrls>,
+    /// Host of the server when `vllm_server_base_url` is unset.
+    pub vllm_server_host: String,
+    /// Port of the server when `vllm_server_base_url` is unset.
+    pub vllm_server_port: u16,
+    /// Seconds to wait for each server to be up at start, and the limit of one request; a
+    /// server that misses it is dropped and its prompt groups go to the others.
+    pub vllm_server_timeout: f64,
+    /// Weight the policy loss by the trainer/sampler probability ratio (TRL
+    /// `vllm_importance_sampling_correction`).
+    pub vllm_importance_sampling_correction: bool,
+    /// "token_truncate", "token_mask", "sequence_truncate" or "sequence_mask" (TRL's default):
+    /// per-token or per-sequence ratios, clipped to or masked outside [clip_min, clip_max].
+    pub vllm_importance_sampling_mode: IsMode,
+    /// Upper bound C_max of the ratio (TRL 3.0; `inf` = none).
+    pub vllm_importance_sampling_clip_max: f64,
+    /// Lower bound C_min of the ratio (unset = none).
+    pub vllm_importance_sampling_clip_min: Option<f64>,
+    /// Deprecated TRL name of `vllm_importance_sampling_clip_max`; when set it wins.
+    pub vllm_importance_sampling_cap: Option<f64>,
+}
+
+impl Default for VllmSettings {
+    fn default() -> Self {
+        VllmSettings {
+            use_vllm: false,
+            vllm_mode: VllmMode::Colocate,
+            vllm_server_base_url: None,
+            vllm_server_host: "0.0.0.0".into(),
+            vllm_server_port: 8000,
+            vllm_server_timeout: 240.0,
+            vllm_importance_sampling_correction: true,
+            vllm_importance_sampling_mode: IsMode::SequenceMask,
+            vllm_importance_sampling_clip_max: 3.0,
+            vllm_importance_sampling_clip_min: None,
+            vllm_importance_sampling_cap: None,
+        }
+    }
+}
+
+/// The keys of [`VllmSettings`].
+pub const VLLM_KEYS: &[&str] = &[
+    "use_vllm",
+    "vllm_mode",
+    "vllm_server_base_url",
+    "vllm_server_host",
+    "vllm_server_port",
+    "vllm_server_timeout",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min",
+    "vllm_importance_sampling_cap",
+];
+
+impl VllmSettings {
+    /// Whether rollouts go to servers.
+    pub fn on_servers(&self) -> bool {
+        self.use_vllm && self.vllm_mode == VllmMode::Server
+    }
+
+    /// The servers' base URLs (no trailing `/` or `/v1`).
+    pub fn urls(&self) -> Vec<String> {
+        let raw = match &self.vllm_server_base_url {
+            Some(ServerUrls::One(u)) => vec![u.clone()],
+            Some(ServerUrls::Many(v)) => v.clone(),
+            None => vec![format!(
+                "http://{}:{}",
+                self.vllm_server_host, self.vllm_server_port
+            )],
+        };
+        raw.iter()
+            .map(|u| {
+                let u = u.trim().trim_end_matches('/');
+                u.strip_suffix("/v1").unwrap_or(u).to_string()
+            })
+            .collect()
+    }
+
+    /// The importance-sampling correction, when rollouts come from servers and it is on.
+    pub fn correction(&self) -> Option<IsCorrection> {
+        (self.on_servers() && self.vllm_importance_sampling_correction).then(|| IsCorrection {
+            mode: self.vllm_importance_sampling_mode,
+            clip_min: self.vllm_importance_sampling_clip_min,
+            clip_max: self
+                .vllm_importance_sampling_cap
+                .unwrap_or(self.vllm_importance_sampling_clip_max),
+        })
+    }
+
+    /// The checks; `use_peft` is the run's LoRA switch.
+    pub fn check(&self, use_peft: bool) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if !self.use_vllm {
+            return Ok(());
+        }
+        if self.vllm_mode == VllmMode::Colocate {
+            return bad(
+                "use_vllm = true with vllm_mode = \"colocate\": rlft has no in-process vLLM; its \
+                 own rollout (use_vllm = false) already runs next to the trainer. Set vllm_mode = \
+                 \"server\" and vllm_server_base_url to use OpenAI-compatible servers"
+                    .into(),
+            );
+        }
+        if !use_peft {
+            return bad(
+                "use_vllm = true needs use_peft = true: rlft sends the trained weights to the \
+                 servers as a LoRA adapter (/v1/load_lora_adapter) after each step; full \
+                 fine-tuning would need TRL's NCCL weight sync, which rlft does not have. Set \
+                 use_peft = true, or use_vllm = false"
+                    .into(),
+            );
+        }
+        let urls = self.urls();
+        if urls.is_empty() {
+            return bad("vllm_server_base_url is an empty list; give at least one URL".into());
+        }
+        for u in &urls {
+            if let Err(m) = rlft_rewards::http_client::parse_url(u) {
+                return bad(format!("vllm_server_base_url: {m}"));
+            }
+        }
+        if !(self.vllm_server_timeout > 0.0 && self.vllm_server_timeout.is_finite()) {
+            return bad(format!(
+                "vllm_server_timeout must be a positive number of seconds (got {})",
+                self.vllm_server_timeout
+            ));
+        }
+        if let Some(c) = self.correction() {
+            c.check().map_err(ConfigError::Invalid)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_checks() {
+        let mut v = VllmSettings {
+            use_vllm: true,
+            vllm_mode: VllmMode::Server,
+            ..Default::default()
+        };
+        assert_eq!(v.urls(), vec!["http://0.0.0.0:8000"]);
+        v.vllm_server_base_url = Some(ServerUrls::Many(vec![
+            "http://127.0.0.1:1/".into(),
+            "http://127.0.0.1:2/v1".into(),
+        ]));
+        assert_eq!(v.urls(), vec!["http://127.0.0.1:1", "http://127.0.0.1:2"]);
+        assert!(v.check(true).is_ok());
+        let e = v.check(false).unwrap_err().to_string();
+        assert!(e.contains("use_peft = true"), "{e}");
+        v.vllm_mode = VllmMode::Colocate;
+        assert!(v.check(true).unwrap_err().to_string().contains("vllm_mode"));
+        v.vllm_mode = VllmMode::Server;
+        v.vllm_importance_sampling_clip_min = Some(5.0);
+        assert!(v.check(true).unwrap_err().to_string().contains("clip_min"));
+        v.vllm_importance_sampling_cap = Some(8.0);
+        assert!(v.check(true).is_ok());
+        assert_eq!(v.correction().unwrap().clip_max, 8.0);
+    }
+}
