@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use rlft::config::dpo::DpoConfig;
 use rlft::config::grpo::GrpoConfig;
 use rlft::config::online::{PpoConfig, RlooConfig};
 use rlft::config::sft::SftConfig;
@@ -22,9 +23,14 @@ fn grpo_example_configs_parse() {
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
-            // `cpu_rloo.toml` is an `rlft rloo` config, `cpu_ppo.toml` an `rlft ppo` one.
+            // `cpu_rloo.toml` is an `rlft rloo` config, `cpu_ppo.toml` an `rlft ppo` one,
+            // `cpu_dpo.toml` an `rlft dpo` one.
             let name = path.file_stem().unwrap().to_string_lossy().to_string();
             let cfg = match name.as_str() {
+                "cpu_dpo" => {
+                    load::<DpoConfig>(&path);
+                    continue;
+                }
                 "cpu_rloo" => load::<RlooConfig>(&path).0,
                 "cpu_ppo" => load::<PpoConfig>(&path).0,
                 _ => load::<GrpoConfig>(&path),
