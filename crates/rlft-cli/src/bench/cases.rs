@@ -97,6 +97,10 @@ pub fn run_case(case: Case, a: &BenchArgs) -> Result<()> {
             let model = crate::default_model::resolve(&a.model.model)?;
             super::grpo::bench_online(case, &model, a.reps + 1, &a.grpo_set)?
         }
+        Case::Dpo | Case::RewardModel => {
+            let model = crate::default_model::resolve(&a.model.model)?;
+            super::offline::bench_offline(case, &model, a.reps + 1, &a.grpo_set)?
+        }
     };
     println!("RESULT_JSON {v}");
     Ok(())

@@ -342,6 +342,7 @@ impl Algorithm for Dpo<'_> {
             "tokens_per_s".into(),
             out.tokens as f64 / out.seconds.max(1e-9),
         ));
+        m.push(("time/update".into(), out.seconds));
         if first {
             m.extend(times.iter().cloned());
         }

@@ -193,6 +193,7 @@ impl Algorithm for RewardModel<'_> {
             "tokens_per_s".into(),
             out.tokens as f64 / out.seconds.max(1e-9),
         ));
+        m.push(("time/update".into(), out.seconds));
         m
     }
 
