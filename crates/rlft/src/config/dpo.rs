@@ -190,7 +190,7 @@ impl TrainerConfig for DpoConfig {
         if !(0.0..=1.0).contains(&ls) {
             return bad(format!("label_smoothing must be in [0, 1] (got {ls})"));
         }
-        if !(self.discopop_tau > 0.0) {
+        if !(self.discopop_tau > 0.0 && self.discopop_tau.is_finite()) {
             return bad(format!(
                 "discopop_tau must be > 0 (got {}); the paper uses 0.05",
                 self.discopop_tau

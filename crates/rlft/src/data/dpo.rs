@@ -253,7 +253,7 @@ mod tests {
             lim(4, 0, TruncationMode::KeepEnd),
         )
         .unwrap();
-        assert_eq!((p.prompt_ids, p.chosen_ids), (vec![3], vec![4, 5, 6]));
+        assert_eq!((&p.prompt_ids[..], &p.chosen_ids[..]), (&[3][..], &[4, 5, 6][..]));
         assert_eq!((p.rejected_prompt(), &p.rejected_ids[..]), (&[1, 2, 3][..], &[7][..]));
     }
 }
