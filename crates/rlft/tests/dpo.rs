@@ -139,7 +139,12 @@ fn batch_times_accumulation_is_invariant_and_precompute_equals_per_step() {
     let (sa, wa) = run(&cfg_a, &RunOptions::default());
     let (sb, wb) = run(&cfg_b, &RunOptions::default());
     let (sc, wc) = run(&cfg_c, &RunOptions::default());
-    for key in ["loss", "rewards/margins", "rewards/chosen", "logps/rejected"] {
+    for key in [
+        "loss",
+        "rewards/margins",
+        "rewards/chosen",
+        "logps/rejected",
+    ] {
         for (x, y) in sa.step_values(key).iter().zip(&sb.step_values(key)) {
             assert!((x - y).abs() < 1e-5 * (1.0 + x.abs()), "{key}: {x} vs {y}");
         }
@@ -204,7 +209,11 @@ fn lora_trains_adapters_against_the_base() {
     // The first step's policy is the base (B = 0): rewards are 0.
     assert!(s.step_values("rewards/chosen")[0].abs() < 1e-6);
     assert!(s.final_metric("eval_loss").unwrap() < s.initial_metric("eval_loss").unwrap());
-    assert!(cfg.args.output_dir.join("adapter/adapter_config.json").exists());
+    assert!(cfg
+        .args
+        .output_dir
+        .join("adapter/adapter_config.json")
+        .exists());
 }
 
 fn prepare_err(cfg: &DpoConfig) -> String {

@@ -42,7 +42,11 @@ pub fn preference_rows(n: usize) -> Vec<Value> {
 
 /// The case's config: the shared settings of offline.py.
 fn config_text(case: Case, model: &Path, out: &Path, data: &Path, steps: usize) -> String {
-    let own = if case == Case::Dpo { "beta = 0.1\n" } else { "" };
+    let own = if case == Case::Dpo {
+        "beta = 0.1\n"
+    } else {
+        ""
+    };
     format!(
         "model = \"{}\"\noutput_dir = \"{}\"\ndataset = \"{}\"\n{own}\
          per_device_train_batch_size = 8\nlearning_rate = 1e-6\nmax_steps = {steps}\n\
@@ -72,7 +76,11 @@ fn train(
         let cfg = RewardConfig::load(cfg_path, sets)?;
         let mut p = rlft::reward_model::prepare(&cfg, model, &Device::Cpu)?;
         let (load_s, meter) = (t0.elapsed().as_secs_f64(), Meter::start());
-        (rlft::reward_model::train(&cfg, &mut p, &opts)?, load_s, meter)
+        (
+            rlft::reward_model::train(&cfg, &mut p, &opts)?,
+            load_s,
+            meter,
+        )
     })
 }
 
@@ -104,7 +112,10 @@ pub fn bench_offline(case: Case, model: &Path, steps: usize, sets: &[String]) ->
     let timed = &s.steps[1.min(s.steps.len())..];
     let mut phases = serde_json::Map::new();
     for ph in PHASES {
-        let v: Vec<f64> = timed.iter().map(|m| get(m, &format!("time/{ph}"))).collect();
+        let v: Vec<f64> = timed
+            .iter()
+            .map(|m| get(m, &format!("time/{ph}")))
+            .collect();
         phases.insert(ph.into(), json!(median(&v)));
     }
     let detail = json!({"step_s": step_s, "phase_s_median": phases});
@@ -129,6 +140,9 @@ mod tests {
         assert_eq!((c.args.learning_rate, c.args.max_steps), (1e-6, 3));
         let rows = preference_rows(64);
         assert_eq!(rows.len(), 64);
-        assert_eq!(rows[1]["rejected"][0]["content"], "The value is \\boxed{-66}.");
+        assert_eq!(
+            rows[1]["rejected"][0]["content"],
+            "The value is \\boxed{-66}."
+        );
     }
 }

@@ -157,7 +157,10 @@ impl TrainerConfig for DpoConfig {
     fn validate_own(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if !(self.beta > 0.0 && self.beta.is_finite()) {
-            return bad(format!("beta must be > 0 (got {}); TRL uses 0.1", self.beta));
+            return bad(format!(
+                "beta must be > 0 (got {}); TRL uses 0.1",
+                self.beta
+            ));
         }
         if self.loss_type.is_empty() {
             return bad("loss_type is an empty list; give at least one, e.g. \"sigmoid\"".into());
@@ -296,7 +299,11 @@ mod tests {
 
     #[test]
     fn errors_name_the_key_and_fix() {
-        let e = |s: &str| parse(&format!("dataset = \"d\"\n{s}")).unwrap_err().to_string();
+        let e = |s: &str| {
+            parse(&format!("dataset = \"d\"\n{s}"))
+                .unwrap_err()
+                .to_string()
+        };
         assert!(e("loss_type = \"sigmod\"").contains("did you mean `sigmoid`"));
         assert!(e("loss_type = [\"ipo\", \"hinge\"]\nloss_weights = [1.0]").contains("one per"));
         assert!(e("loss_type = \"robust\"\nlabel_smoothing = 0.5").contains("0.1"));

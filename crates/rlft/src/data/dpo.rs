@@ -42,7 +42,9 @@ pub struct DpoPair {
 impl DpoPair {
     /// The rejected completion's context.
     pub fn rejected_prompt(&self) -> &[u32] {
-        self.rejected_prompt_ids.as_deref().unwrap_or(&self.prompt_ids)
+        self.rejected_prompt_ids
+            .as_deref()
+            .unwrap_or(&self.prompt_ids)
     }
 
     /// Tokens of both sequences (prompt counted once when shared).
@@ -51,7 +53,11 @@ impl DpoPair {
         self.prompt_ids.len()
             + self.chosen_ids.len()
             + self.rejected_ids.len()
-            + if shared { 0 } else { self.rejected_prompt().len() }
+            + if shared {
+                0
+            } else {
+                self.rejected_prompt().len()
+            }
     }
 }
 
@@ -105,12 +111,7 @@ fn keep_end(prompt: &[u32], completion: &[u32], max: usize) -> (Vec<u32>, Vec<u3
 }
 
 /// Tokenizes and cuts one rendered pair (module docs).
-fn pair(
-    row: usize,
-    ids: [Vec<u32>; 3],
-    lim: &DpoLimits,
-    rep: &mut DpoReport,
-) -> Result<DpoPair> {
+fn pair(row: usize, ids: [Vec<u32>; 3], lim: &DpoLimits, rep: &mut DpoReport) -> Result<DpoPair> {
     let [prompt, pc, pr] = ids;
     let plen = common_prefix(&prompt, &pc).min(common_prefix(&prompt, &pr));
     let mut prompt = prompt[..plen].to_vec();
@@ -119,7 +120,11 @@ fn pair(
         return Err(TrainerError::Data(format!(
             "preference row {row}: the {} completion has no tokens after the prompt; give it \
              some text",
-            if chosen.is_empty() { "chosen" } else { "rejected" }
+            if chosen.is_empty() {
+                "chosen"
+            } else {
+                "rejected"
+            }
         )));
     }
     rep.longest = rep.longest.max(pc.len().max(pr.len()));
@@ -253,7 +258,13 @@ mod tests {
             lim(4, 0, TruncationMode::KeepEnd),
         )
         .unwrap();
-        assert_eq!((&p.prompt_ids[..], &p.chosen_ids[..]), (&[3][..], &[4, 5, 6][..]));
-        assert_eq!((p.rejected_prompt(), &p.rejected_ids[..]), (&[1, 2, 3][..], &[7][..]));
+        assert_eq!(
+            (&p.prompt_ids[..], &p.chosen_ids[..]),
+            (&[3][..], &[4, 5, 6][..])
+        );
+        assert_eq!(
+            (p.rejected_prompt(), &p.rejected_ids[..]),
+            (&[1, 2, 3][..], &[7][..])
+        );
     }
 }

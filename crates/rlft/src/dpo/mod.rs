@@ -327,7 +327,13 @@ impl Algorithm for Dpo<'_> {
         Ok((out.losses.sum_all()? / step_pairs.max(1) as f64)?)
     }
 
-    fn step_metrics(&self, _: &DpoUnit, out: &StepOutcome, first: bool, times: &Metrics) -> Metrics {
+    fn step_metrics(
+        &self,
+        _: &DpoUnit,
+        out: &StepOutcome,
+        first: bool,
+        times: &Metrics,
+    ) -> Metrics {
         let g = std::mem::take(&mut *self.step.lock().expect("not poisoned"));
         let mut m: Metrics = vec![
             ("loss".into(), out.loss),
@@ -366,7 +372,11 @@ impl Algorithm for Dpo<'_> {
             let pairs: Vec<&DpoPair> = chunk.iter().map(|&i| &self.eval[i]).collect();
             let s = pair_logps(&plain, &pairs, policy.pad_id, false)?;
             let out = losses(&self.loss, &s, r)?;
-            total += out.losses.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+            total += out
+                .losses
+                .to_dtype(DType::F64)?
+                .sum_all()?
+                .to_scalar::<f64>()?;
             g.add(&out, &s)?;
         }
         let mut m: Metrics = vec![("eval_loss".into(), total / self.eval.len() as f64)];
