@@ -49,7 +49,7 @@ pub enum Reference {
     /// The policy with its LoRA adapters off.
     AdaptersOff,
     /// A frozen copy of the starting weights (full fine-tuning).
-    Frozen(CausalLm),
+    Frozen(Box<CausalLm>),
     /// Computed before training and stored in the pairs.
     Precomputed,
 }
@@ -60,7 +60,7 @@ impl Reference {
     pub fn model(&self, policy: &CausalLm) -> CausalLm {
         match self {
             Reference::AdaptersOff => rlft_model::trainable::detached(policy).adapters_disabled(),
-            Reference::Frozen(m) => m.clone(),
+            Reference::Frozen(m) => CausalLm::clone(m),
             Reference::Precomputed => rlft_model::trainable::detached(policy),
         }
     }

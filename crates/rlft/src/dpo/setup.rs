@@ -84,7 +84,7 @@ pub fn prepare(cfg: &DpoConfig, model_path: &Path, device: &Device) -> Result<Pr
         drop(base);
         Reference::AdaptersOff
     } else {
-        Reference::Frozen(base)
+        Reference::Frozen(Box::new(base))
     };
     if cfg.precompute_ref_log_probs {
         let t = std::time::Instant::now();
