@@ -4,6 +4,7 @@ mod bench;
 mod common;
 mod data_cmd;
 mod default_model;
+mod dpo_cmd;
 mod generate_cmd;
 mod grpo_cmd;
 mod inspect_cmd;
@@ -54,6 +55,9 @@ enum Command {
     /// Train a reward model (a `score` head, Bradley-Terry loss) on preference pairs from a
     /// TOML config (full or LoRA); exports what AutoModelForSequenceClassification loads.
     RewardModel(reward_model_cmd::RewardModelArgs),
+    /// DPO (TRL's DPOTrainer) on preference pairs from a TOML config (full or LoRA): sigmoid,
+    /// IPO, hinge, robust, APO... losses against the reference (the base with adapters off).
+    Dpo(dpo_cmd::DpoArgs),
     /// Score rows (pairs, prompt + completion, messages, text) with a reward model.
     Score(reward_model_cmd::ScoreArgs),
     /// GRPO (and Dr. GRPO / DAPO / BNPO) from a TOML config: rollouts, rewards, metrics, resume;
@@ -119,6 +123,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Merge(a) => merge_cmd::run_merge(a),
         Command::Sft(a) => sft_cmd::run(a),
         Command::RewardModel(a) => reward_model_cmd::run(a),
+        Command::Dpo(a) => dpo_cmd::run(a),
         Command::Score(a) => reward_model_cmd::run_score(a),
         Command::Grpo(a) => grpo_cmd::run::<rlft::config::grpo::GrpoConfig>(a),
         Command::Rloo(a) => grpo_cmd::run::<rlft::config::online::RlooConfig>(a),

@@ -166,3 +166,36 @@ fn online_step_cases_run_on_a_tiny_model() {
     assert_eq!(phase("rloo", "values"), 0.0);
     assert!(phase("ppo", "values") > 0.0);
 }
+
+#[test]
+fn offline_step_cases_run_on_a_tiny_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_dir(tmp.path());
+    let stdout = ok(&rlft(&[
+        "bench",
+        "dpo",
+        "reward_model",
+        "--reps",
+        "1",
+        "--json",
+        "--model",
+        &model,
+    ]));
+    let r: Value = serde_json::from_str(&stdout).expect("stdout is one JSON document");
+    let cases = r["cases"].as_object().unwrap();
+    let names: Vec<&str> = cases.keys().map(String::as_str).collect();
+    assert_eq!(names, ["dpo", "reward_model"]);
+    let phase = |case: &str, p: &str| {
+        cases[case]["rlft"]["detail"]["phase_s_median"][p]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{case}: no phase {p}"))
+    };
+    for name in names {
+        let t = &cases[name]["rlft"]["time"];
+        assert_eq!(t["reps_ms"].as_array().unwrap().len(), 1, "{name}");
+        assert!(phase(name, "update") > 0.0, "{name}");
+    }
+    // DPO with full fine-tuning scores the frozen reference copy in every step.
+    assert!(phase("dpo", "ref_logprobs") > 0.0);
+    assert_eq!(phase("reward_model", "ref_logprobs"), 0.0);
+}

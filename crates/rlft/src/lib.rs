@@ -11,7 +11,7 @@
 //!   the online algorithms.
 //! - [`run`]: the run core every trainer plugs into ([`run::Algorithm`]): loop, optimiser step,
 //!   checkpoints and exact resume, eval cadence, metrics, Ctrl-C, export, summary.
-//! - [`sft`], [`grpo`], [`reward_model`]: the trainers, each a small [`run::Algorithm`];
+//! - [`sft`], [`grpo`], [`reward_model`], [`dpo`]: the trainers, each a small [`run::Algorithm`];
 //!   [`grpo`] is the whole online family (GRPO, RLOO, REINFORCE++, PPO), [`ppo`] PPO's critic.
 //! - [`plan`]: a run's peak memory, predicted from the config and the model's shape.
 //! - [`error`]: [`TrainerError`], the one error type of the trainers.
@@ -19,6 +19,7 @@
 pub mod algo;
 pub mod config;
 pub mod data;
+pub mod dpo;
 pub mod error;
 pub mod grpo;
 pub mod online_dpo;

@@ -98,9 +98,13 @@ fn run(g: &Value, cfg: &DpoLossConfig, dtype: DType) -> Got {
     let out = dpo_loss(&x, cfg).unwrap();
     let loss = out.losses.mean_all().unwrap();
     let grads = loss.backward().unwrap();
+    // A side the loss does not read (`sft`: the rejected one) has no gradient: zeros, as
+    // torch's.
     let first_col = |v: &Var| -> Vec<f64> {
-        let g = grads.get(v.as_tensor()).unwrap();
-        f64s(&g.narrow(1, 0, 1).unwrap().squeeze(1).unwrap())
+        match grads.get(v.as_tensor()) {
+            Some(g) => f64s(&g.narrow(1, 0, 1).unwrap().squeeze(1).unwrap()),
+            None => vec![0.0; v.dim(0).unwrap()],
+        }
     };
     let logps = (f64s(&lc), f64s(&lr));
     let stats = DpoStats::of(

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use rlft::config::dpo::DpoConfig;
 use rlft::config::grpo::GrpoConfig;
 use rlft::config::online::{PpoConfig, RlooConfig};
 use rlft::config::online_dpo::OnlineDpoConfig;
@@ -24,9 +25,13 @@ fn grpo_example_configs_parse() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "toml") {
             // `cpu_rloo.toml` is an `rlft rloo` config, `cpu_ppo.toml` an `rlft ppo` one,
-            // `cpu_online_dpo.toml` an `rlft online-dpo` one.
+            // `cpu_online_dpo.toml` an `rlft online-dpo` one, `cpu_dpo.toml` an `rlft dpo` one.
             let name = path.file_stem().unwrap().to_string_lossy().to_string();
             let cfg = match name.as_str() {
+                "cpu_dpo" => {
+                    load::<DpoConfig>(&path);
+                    continue;
+                }
                 "cpu_rloo" => load::<RlooConfig>(&path).0,
                 "cpu_ppo" => load::<PpoConfig>(&path).0,
                 "cpu_online_dpo" => load::<OnlineDpoConfig>(&path).online(),

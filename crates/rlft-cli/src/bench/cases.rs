@@ -98,6 +98,10 @@ pub fn run_case(case: Case, a: &BenchArgs) -> Result<()> {
             let device = crate::common::parse_device(&a.model.device)?;
             super::grpo::bench_online(case, &model, a.reps + 1, &a.grpo_set, &device)?
         }
+        Case::Dpo | Case::RewardModel => {
+            let model = crate::default_model::resolve(&a.model.model)?;
+            super::offline::bench_offline(case, &model, a.reps + 1, &a.grpo_set)?
+        }
     };
     println!("RESULT_JSON {v}");
     Ok(())

@@ -10,6 +10,7 @@
 
 mod cases;
 mod grpo;
+mod offline;
 mod reference;
 mod report;
 mod rounds;
@@ -62,11 +63,20 @@ pub enum Case {
     /// 0.001, a critic started from the model, full fine-tune, f32. No reference (TRL removed
     /// its PPOTrainer).
     Ppo,
+    /// DPO steps (`rlft dpo`): 8 conversational pairs per step, beta 0.1, sigmoid loss, a frozen
+    /// reference copy scored every step, full fine-tune, f32; the reference runs offline.py
+    /// (TRL's DPOTrainer) for as many steps.
+    Dpo,
+    /// Reward-model steps (`rlft reward-model`): the same 8 pairs per step, a new score head,
+    /// full fine-tune, f32; the reference runs offline.py --trainer reward_model (TRL's
+    /// RewardTrainer).
+    #[value(name = "reward_model", alias = "reward-model")]
+    RewardModel,
 }
 
 impl Case {
     /// Every case, in the order `all` runs them.
-    pub const EVERY: [Case; 8] = [
+    pub const EVERY: [Case; 10] = [
         Case::Generate,
         Case::FwdBwd,
         Case::Lora,
@@ -75,6 +85,8 @@ impl Case {
         Case::Grpo,
         Case::Rloo,
         Case::Ppo,
+        Case::Dpo,
+        Case::RewardModel,
     ];
 
     /// The name on the command line and in the JSON.
@@ -89,6 +101,8 @@ impl Case {
             Case::Grpo => "grpo",
             Case::Rloo => "rloo",
             Case::Ppo => "ppo",
+            Case::Dpo => "dpo",
+            Case::RewardModel => "reward_model",
         }
     }
 
@@ -104,6 +118,8 @@ impl Case {
             Case::Grpo => "one GRPO step (2 prompts x 4 generations)",
             Case::Rloo => "one RLOO step (2 prompts x 4 generations, KL in the reward)",
             Case::Ppo => "one PPO step (8 prompts x 1 generation, a critic, 1 epoch)",
+            Case::Dpo => "one DPO step (8 pairs, frozen reference pass)",
+            Case::RewardModel => "one reward-model step (8 pairs, score head)",
         }
     }
 
@@ -111,13 +127,23 @@ impl Case {
     pub fn is_online_step(self) -> bool {
         matches!(self, Case::Grpo | Case::Rloo | Case::Ppo)
     }
+
+    /// The offline preference trainers' step cases.
+    pub fn is_offline_step(self) -> bool {
+        matches!(self, Case::Dpo | Case::RewardModel)
+    }
+
+    /// Cases whose repetitions are trainer steps (one warm-up step, then `--reps` timed).
+    pub fn is_step(self) -> bool {
+        self.is_online_step() || self.is_offline_step()
+    }
 }
 
 /// `rlft bench`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// Cases to run, in the order given (none or `all`: generate fwd_bwd lora adamw ref_pass
-    /// grpo rloo ppo). Each runs in a fresh process, so its peak RSS is its own.
+    /// grpo rloo ppo dpo reward_model). Each runs in a fresh process, so its peak RSS is its own.
     #[arg(value_enum)]
     pub cases: Vec<Case>,
     #[command(flatten)]
@@ -168,7 +194,7 @@ pub struct BenchArgs {
     /// Also write the JSON result to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// grpo, rloo, ppo: override a key of the case's config, as `rlft grpo --set` takes it
+    /// grpo, rloo, ppo, dpo, reward_model: override a key of the case's config, as `rlft grpo --set` takes it
     /// (repeatable), e.g. `--grpo-set gradient_checkpointing=true`. The reference keeps its
     /// configuration, so ratios then compare different settings.
     #[arg(long = "grpo-set")]

@@ -155,7 +155,7 @@ impl Reference {
             }
             _ => {
                 eprintln!("== {}: reference", case.name());
-                if case.is_online_step() {
+                if case.is_step() {
                     self.run_grpo_py(case, a.reps + 1)
                 } else {
                     self.run_bench_py(case, a)
@@ -203,13 +203,19 @@ impl Reference {
             .with_context(|| format!("no RESULT_JSON from bench.py: {}", tail(&out.stderr)))
     }
 
-    /// `grpo.py --trainer grpo|rloo` for `steps` steps.
+    /// `grpo.py --trainer grpo|rloo` (`offline.py --trainer dpo|reward_model`) for `steps`
+    /// steps.
     fn run_grpo_py(&self, case: Case, steps: usize) -> Result<Value> {
         let cpu = CpuSnapshot::now();
         let tmp = tempfile::tempdir()?;
         let out_file = tmp.path().join("grpo.json");
+        let script = if case.is_offline_step() {
+            "offline.py"
+        } else {
+            "grpo.py"
+        };
         let out = self
-            .command("grpo.py")
+            .command(script)
             .args(["--trainer", case.name()])
             .arg("--max-steps")
             .arg(steps.to_string())
@@ -217,9 +223,9 @@ impl Reference {
             .arg(&out_file)
             .stdout(Stdio::null())
             .output()
-            .context("run the reference grpo.py")?;
+            .with_context(|| format!("run the reference {script}"))?;
         if !out.status.success() {
-            bail!("grpo.py failed ({}): {}", out.status, tail(&out.stderr));
+            bail!("{script} failed ({}): {}", out.status, tail(&out.stderr));
         }
         let text = std::fs::read_to_string(&out_file)
             .with_context(|| format!("read {}", out_file.display()))?;
@@ -269,7 +275,7 @@ fn summarize(case: Case, a: &BenchArgs, raw: Value) -> Result<Value> {
             "bench.py adamw: step_fused".into(),
             "peak_rss_bench_mib",
         ),
-        Case::Grpo | Case::Rloo => {
+        Case::Grpo | Case::Rloo | Case::Dpo | Case::RewardModel => {
             let steps: Vec<f64> = raw["step_s"]
                 .as_array()
                 .map(|s| s.iter().filter_map(Value::as_f64).skip(1).collect())
@@ -280,8 +286,13 @@ fn summarize(case: Case, a: &BenchArgs, raw: Value) -> Result<Value> {
             (
                 super::report::stats_ms(&steps),
                 format!(
-                    "grpo.py --trainer {}: step_s after the first (CPU interference measured \
+                    "{} --trainer {}: step_s after the first (CPU interference measured \
                      from outside, over the whole run, loading included)",
+                    if case.is_offline_step() {
+                        "offline.py"
+                    } else {
+                        "grpo.py"
+                    },
                     case.name()
                 ),
                 "peak_rss_bench_mib",
@@ -303,7 +314,7 @@ fn summarize(case: Case, a: &BenchArgs, raw: Value) -> Result<Value> {
         v["new_tokens_per_s_median"] =
             raw[format!("batch_{}", a.batch)]["new_tokens_per_s_median"].clone();
     }
-    if case.is_online_step() {
+    if case.is_step() {
         v["phase_s_median"] = raw["step_phase_s_median"].clone();
     }
     v["raw"] = raw;

@@ -40,7 +40,7 @@ use super::UnknownVariant;
 /// One DPO loss (TRL's `loss_type` values, `dpo_trainer.py:1386-1526`). `beta` is `b`,
 /// `label_smoothing` is `e`, `c`, `r`, `d` as in the module docs, `n_c`, `n_r` the completion
 /// token counts, `ls(x) = log sigmoid(x)`, `s(x) = sigmoid(x)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DpoLossType {
     /// `-ls(b d)`: DPO's Bradley-Terry loss (TRL's default).

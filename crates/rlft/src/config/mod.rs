@@ -5,6 +5,7 @@
 //! same path.
 
 pub mod args;
+pub mod dpo;
 pub mod grpo;
 pub mod online;
 pub mod online_dpo;

@@ -4,9 +4,11 @@
 //!   that sample completions);
 //! - [`preferences`]: `prompt` / `chosen` / `rejected` rows (standard or conversational, the
 //!   prompt extracted when implicit) -> rendered texts and reward-model pairs;
+//! - [`dpo`]: preference rows -> tokenized DPO pairs with TRL's length limits;
 //! - [`sft`]: prompt-completion and conversational rows -> `(input_ids, loss_mask)` for SFT;
 //! - [`DataCursor`]: a seeded, resumable walk over a dataset's rows, epoch by epoch.
 
+pub mod dpo;
 pub mod preferences;
 pub mod prompts;
 pub mod sft;

@@ -146,10 +146,7 @@ impl Algorithm for RewardModel<'_> {
         _at: Position,
         _times: &mut Metrics,
     ) -> Result<Self::Unit> {
-        let a = &self.cfg.args;
-        Ok((0..a.gradient_accumulation_steps)
-            .map(|_| data.take(a.per_device_train_batch_size))
-            .collect())
+        Ok(crate::run::offline::next_step_rows(&self.cfg.args, data))
     }
 
     fn steps(&self, unit: &Self::Unit) -> Vec<Vec<Vec<usize>>> {
@@ -198,20 +195,12 @@ impl Algorithm for RewardModel<'_> {
             "tokens_per_s".into(),
             out.tokens as f64 / out.seconds.max(1e-9),
         ));
+        m.push(("time/update".into(), out.seconds));
         m
     }
 
     fn observe(&mut self, step: u64, metrics: &Metrics) -> Vec<String> {
-        let skipped = metrics.iter().any(|(k, v)| k == "grad_norm" && v.is_nan());
-        skipped
-            .then(|| {
-                format!(
-                    "[non_finite]: step {step}: non-finite loss or gradient norm; step skipped \
-                     (lower the learning rate or check the data)"
-                )
-            })
-            .into_iter()
-            .collect()
+        crate::run::offline::skipped_step_warning(step, metrics)
     }
 
     fn evaluate(&mut self, policy: &Policy, _at: Position) -> Result<Option<Metrics>> {

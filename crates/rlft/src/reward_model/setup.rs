@@ -78,11 +78,7 @@ fn policy(cfg: &RewardConfig, sm: ScoreModel) -> Result<(Policy, ScoreHead)> {
         (vars, None, None)
     };
     if a.use_peft && cfg.disable_dropout {
-        for (_, lin) in model.linears_mut() {
-            if let Some(l) = &mut lin.lora {
-                l.dropout = 0.0;
-            }
-        }
+        setup::disable_lora_dropout(&mut model);
     }
     if let Some(ac) = &mut adapter_config {
         ac["task_type"] = "SEQ_CLS".into();
@@ -159,13 +155,7 @@ pub fn prepare(cfg: &RewardConfig, model_path: &Path, device: &Device) -> Result
     };
     let per_step = a.train_batch();
     let steps_per_epoch = train.len().div_ceil(per_step);
-    let total_steps = if a.max_steps > 0 {
-        a.max_steps
-    } else {
-        ((steps_per_epoch as f64) * a.num_train_epochs)
-            .ceil()
-            .max(1.0) as usize
-    };
+    let total_steps = crate::run::offline::total_steps(a, train.len());
     eprintln!(
         "batch: {} pairs/micro-batch ({} sequences) x {} accumulation = {per_step} pairs per \
          step; {steps_per_epoch} steps/epoch; {total_steps} steps; {} (score head included)",

@@ -17,6 +17,7 @@
 //! trained on and continues exactly: the data order, rollout seeds and LoRA dropout masks are
 //! functions of (seed, step).
 
+pub mod offline;
 pub mod optim;
 pub mod setup;
 mod summary;

@@ -49,6 +49,16 @@ pub fn trainable(
     }
 }
 
+/// Sets the LoRA adapters' dropout to 0 in training (TRL's `disable_dropout_in_model` on PEFT's
+/// dropout modules); the adapter config written out keeps its `lora_dropout`.
+pub fn disable_lora_dropout(model: &mut CausalLm) {
+    for (_, lin) in model.linears_mut() {
+        if let Some(l) = &mut lin.lora {
+            l.dropout = 0.0;
+        }
+    }
+}
+
 /// Copies checkpointed tensors into the trainable `Var`s (names must match).
 pub fn restore_weights(vars: &[(String, Var)], saved: &[(String, Tensor)]) -> Result<()> {
     let map: std::collections::HashMap<&str, &Tensor> =

@@ -1,0 +1,25 @@
+//! `rlft dpo --config dpo.toml`: Direct Preference Optimization on preference pairs.
+
+use anyhow::Result;
+use clap::Args;
+use rlft::config::dpo::DpoConfig;
+use rlft::dpo::{prepare, summary_json, train};
+
+use crate::train_cmd::{self, TrainArgs};
+
+/// `rlft dpo`.
+#[derive(Args, Debug)]
+pub struct DpoArgs {
+    #[command(flatten)]
+    pub train: TrainArgs,
+}
+
+/// Runs `rlft dpo`.
+pub fn run(a: DpoArgs) -> Result<()> {
+    let (cfg, summary): (DpoConfig, _) = train_cmd::run(&a.train, prepare, train)?;
+    if summary.interrupted || summary.final_dir.is_none() {
+        train_cmd::say_stopped(&cfg, summary.global_step);
+    }
+    println!("{}", summary_json(&summary));
+    Ok(())
+}

@@ -1,0 +1,40 @@
+//! What the offline pairwise trainers (reward models, DPO) share: a unit is one optimiser
+//! step's micro-batches of dataset rows, the step count follows from epochs or `max_steps`, and a
+//! skipped step raises the same warning.
+
+use crate::config::TrainingArgs;
+use crate::data::DataCursor;
+
+use super::Metrics;
+
+/// Optimiser steps of a run over `rows` rows: `max_steps` when set, else `num_train_epochs`
+/// epochs of `train_batch()` rows per step (at least 1).
+pub fn total_steps(args: &TrainingArgs, rows: usize) -> usize {
+    if args.max_steps > 0 {
+        return args.max_steps;
+    }
+    let per_epoch = rows.div_ceil(args.train_batch().max(1));
+    ((per_epoch as f64) * args.num_train_epochs).ceil().max(1.0) as usize
+}
+
+/// The next optimiser step's micro-batches: `gradient_accumulation_steps` of
+/// `per_device_train_batch_size` rows each.
+pub fn next_step_rows(args: &TrainingArgs, data: &mut DataCursor) -> Vec<Vec<usize>> {
+    (0..args.gradient_accumulation_steps)
+        .map(|_| data.take(args.per_device_train_batch_size))
+        .collect()
+}
+
+/// The warning of a step whose update was skipped (its `grad_norm` is NaN).
+pub fn skipped_step_warning(step: u64, metrics: &Metrics) -> Vec<String> {
+    let skipped = metrics.iter().any(|(k, v)| k == "grad_norm" && v.is_nan());
+    skipped
+        .then(|| {
+            format!(
+                "[non_finite]: step {step}: non-finite loss or gradient norm; step skipped \
+                 (lower the learning rate or check the data)"
+            )
+        })
+        .into_iter()
+        .collect()
+}
