@@ -199,10 +199,10 @@ impl Algorithm for OnlineDpo<'_> {
         mb: &[usize],
         stats: &mut StepStats,
     ) -> Result<Tensor> {
-        if mb.len() % 2 != 0
+        if !mb.len().is_multiple_of(2)
             || mb
                 .chunks_exact(2)
-                .any(|p| p[0] % 2 != 0 || p[1] != p[0] + 1)
+                .any(|p| !p[0].is_multiple_of(2) || p[1] != p[0] + 1)
         {
             return Err(TrainerError::Other(format!(
                 "online DPO: micro-batch {mb:?} splits a pair"

@@ -111,6 +111,7 @@ pub fn pair_logps(
         completion_ids: ids.to_vec(),
         text: String::new(),
         truncated: false,
+        sampler_logprobs: None,
     };
     let (mut chosen, mut rejected) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for p in pairs {
