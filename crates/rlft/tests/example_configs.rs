@@ -70,8 +70,9 @@ fn sft_example_config_parses() {
 
 #[test]
 fn preference_example_configs_parse() {
-    // `dpo.toml` is an `rlft dpo` config (checked where that trainer lives).
     let dir = examples().join("preference");
+    let dpo: DpoConfig = load(&dir.join("dpo.toml"));
+    assert!(dpo.args.use_peft);
     let rm: rlft::config::reward::RewardConfig = load(&dir.join("rm.toml"));
     assert_eq!(rm.center_rewards_coefficient, Some(0.01));
     let grpo: GrpoConfig = load(&dir.join("grpo_rm.toml"));
