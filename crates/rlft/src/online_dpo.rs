@@ -56,11 +56,7 @@ pub struct PairRollout {
 pub fn prepare(cfg: &OnlineDpoConfig, model_path: &Path, device: &Device) -> Result<Prepared> {
     let mut p = crate::grpo::prepare(&cfg.online(), model_path, device)?;
     if cfg.disable_dropout {
-        for (_, lin) in p.policy.model.linears_mut() {
-            if let Some(l) = &mut lin.lora {
-                l.dropout = 0.0;
-            }
-        }
+        crate::run::setup::disable_lora_dropout(&mut p.policy.model);
     }
     Ok(p)
 }
