@@ -84,7 +84,9 @@ fn backward<T: Real>(
     let zero = T::from_f64(0.0);
     let mut dx = vec![zero; x.len()];
     let chunk = h * ROWS_PER_TASK;
-    let partial = dx
+    // Per-task sums of `dw`, added in task order afterwards: rayon's `reduce` pairs them as
+    // its work stealing splits the range, so its float sum differs from run to run.
+    let partial: Vec<Vec<T>> = dx
         .par_chunks_mut(chunk)
         .zip(x.par_chunks(chunk).zip(dy.par_chunks(chunk)))
         .map(|(dxc, (xc, dyc))| {
@@ -92,20 +94,15 @@ fn backward<T: Real>(
             simd!(backward_rows(dxc, xc, dyc, w, eps, &mut dw));
             dw
         })
-        .reduce(
-            || Vec::new(),
-            |a, b| match (a.is_empty(), b.is_empty()) {
-                (true, _) => b,
-                (_, true) => a,
-                _ => a.iter().zip(&b).map(|(&p, &q)| p + q).collect(),
-            },
-        );
+        .collect();
     let dw = want_dw.then(|| {
-        if partial.is_empty() {
-            vec![zero; h]
-        } else {
-            partial
+        let mut sum = vec![zero; h];
+        for p in &partial {
+            for (s, &v) in sum.iter_mut().zip(p) {
+                *s = *s + v;
+            }
         }
+        sum
     });
     (dx, dw)
 }
@@ -226,6 +223,36 @@ mod tests {
                     assert!(g1.get(w.as_tensor()).is_none());
                 }
             }
+        }
+    }
+
+    /// The weight gradient sums many tasks' partials; the sum is the same, bit for bit, however
+    /// the pool splits the work (rayon's `reduce` made it vary: an Online DPO test saw it).
+    #[test]
+    fn weight_gradient_is_the_same_every_time() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .unwrap();
+        let (rows, h) = (16 * 64, 48);
+        let x = rand(&[rows, h], 4, DType::F32);
+        let dy = rand(&[rows, h], 5, DType::F32);
+        let w = (rand(&[h], 6, DType::F32) + 1.0).unwrap();
+        let v = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let (x, dy, w) = (v(&x), v(&dy), v(&w));
+        let dw = || pool.install(|| backward(&x, &w, &dy, 1e-5, true).1.unwrap());
+        let first = dw();
+        let mut sequential = vec![0f32; h];
+        for r in 0..rows / ROWS_PER_TASK {
+            let rs = r * ROWS_PER_TASK * h..(r + 1) * ROWS_PER_TASK * h;
+            let part = backward(&x[rs.clone()], &w, &dy[rs], 1e-5, true).1.unwrap();
+            for (s, p) in sequential.iter_mut().zip(part) {
+                *s += p;
+            }
+        }
+        assert_eq!(first, sequential, "task partials are added in task order");
+        for _ in 0..50 {
+            assert_eq!(dw(), first);
         }
     }
 
