@@ -8,13 +8,15 @@
 //! Rollout, reward scoring, the reference pass and eval are the online trainers' own: this
 //! config states them through [`OnlineDpoConfig::online`].
 //!
-//! TRL keys rlft does not take: `reward_model_path` (use a `[[rewards]]` table), `judge`,
-//! `generation_kwargs`, `cache_implementation`, the `vllm_*` keys, `model_init_kwargs`,
+//! `reward_model_path` is TRL's shortcut for a reward model: it adds a `[[rewards]]` table of
+//! `type = "model"` (last, after the configured ones).
+//!
+//! TRL keys rlft does not take: `judge`, `generation_kwargs`, `cache_implementation`, the `vllm_*` keys, `model_init_kwargs`,
 //! `trust_remote_code`, `ds3_gather_for_generation`.
 
 use std::path::PathBuf;
 
-use rlft_rewards::RewardSpec;
+use rlft_rewards::{ModelSpec, RewardKind, RewardSpec};
 use serde::{Deserialize, Serialize};
 
 use super::args::{LrSchedulerType, TrainingArgs};
@@ -100,6 +102,10 @@ pub struct OnlineDpoConfig {
     pub num_completions_to_log: usize,
     /// Reward functions that rank each pair (`[[rewards]]` tables; see `docs/rewards.md`).
     pub rewards: Vec<RewardSpec>,
+    /// A reward model ranking the pairs (TRL's key): an `rlft reward-model` output (`final/`,
+    /// or `adapter/` over its base), added after `rewards` as `{ type = "model", name =
+    /// "reward_model" }`.
+    pub reward_model_path: Option<String>,
 }
 
 impl Default for OnlineDpoConfig {
@@ -132,6 +138,7 @@ impl Default for OnlineDpoConfig {
             eval_max_prompts: 0,
             num_completions_to_log: 4,
             rewards: Vec::new(),
+            reward_model_path: None,
         }
     }
 }
@@ -155,6 +162,7 @@ pub const ONLINE_DPO_KEYS: &[&str] = &[
     "eval_max_prompts",
     "num_completions_to_log",
     "rewards",
+    "reward_model_path",
 ];
 
 impl TrainerConfig for OnlineDpoConfig {
@@ -225,6 +233,22 @@ impl OnlineDpoConfig {
         }
     }
 
+    /// `rewards`, then the reward model of `reward_model_path`.
+    pub fn all_rewards(&self) -> Vec<RewardSpec> {
+        let mut all = self.rewards.clone();
+        if let Some(path) = &self.reward_model_path {
+            let mut rm = RewardSpec::new(RewardKind::Model(ModelSpec {
+                path: path.clone(),
+                base: None,
+                batch_size: 8,
+                max_length: 0,
+            }));
+            rm.name = Some("reward_model".into());
+            all.push(rm);
+        }
+        all
+    }
+
     /// The online trainers' view of this config: two completions per prompt, one optimiser
     /// step per rollout, the reference pass on (`beta > 0`), the missing-EOS penalty on the
     /// reward. Prompt loading, sampling, scoring, the reference and eval read it.
@@ -253,7 +277,7 @@ impl OnlineDpoConfig {
                 missing_eos_penalty: self.missing_eos_penalty,
                 ..EstimatorSettings::default()
             },
-            rewards: self.rewards.clone(),
+            rewards: self.all_rewards(),
             ..d
         }
     }
@@ -306,5 +330,25 @@ mod tests {
         assert!(e("loss_type = \"sft\"").contains("needs completion lengths"));
         assert!(e("num_generations = 4").contains("unknown key `num_generations`"));
         assert!(e("missing_eos_penalty = -1.0").contains("non-negative"));
+    }
+
+    #[test]
+    fn reward_model_path_adds_a_model_reward_last() {
+        let c = parse("reward_model_path = \"rm/final\"").unwrap();
+        let r = c.online().rewards;
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[1].display_name(), "reward_model");
+        match &r[1].kind {
+            RewardKind::Model(m) => {
+                assert_eq!((m.path.as_str(), m.base.as_ref()), ("rm/final", None))
+            }
+            k => panic!("not a model reward: {k:?}"),
+        }
+        // Alone, it is the ranking reward.
+        let t: toml::Table = "dataset = \"d.jsonl\"\nreward_model_path = \"rm\""
+            .parse()
+            .unwrap();
+        let c = OnlineDpoConfig::from_table(t, "test.toml").unwrap();
+        assert_eq!(c.online().rewards.len(), 1);
     }
 }
