@@ -6,7 +6,8 @@
 #   scripts/plan-check.sh [CASE...]     cases: grpo-lora grpo-full grpo-lora-unshared
 #                                       grpo-lora-unshared-72 grpo-lora-bf16 sft-lora sft-full
 #                                       sft-lora-ckpt grpo-lora-unshared-ckpt ppo-lora rloo-lora
-#                                       dpo-lora rm-lora online-dpo-lora (default: all)
+#                                       dpo-lora rm-lora online-dpo-lora grpo-rm-lora
+#                                       (default: all; grpo-rm-lora scores with rm-lora's model)
 #
 # Build first (cargo build --release). On a shared machine run it under
 # `flock /tmp/rlft-bench.lock`. Work files go to $WORK (default /tmp/rlft-plan-check).
@@ -19,7 +20,7 @@ CASES=("$@")
 if [ ${#CASES[@]} -eq 0 ]; then
   CASES=(grpo-lora grpo-full grpo-lora-unshared grpo-lora-unshared-72 grpo-lora-bf16 sft-lora
     sft-full sft-lora-ckpt grpo-lora-unshared-ckpt ppo-lora rloo-lora dpo-lora rm-lora
-    online-dpo-lora)
+    online-dpo-lora grpo-rm-lora)
 fi
 
 "$RLFT" fetch-model >/dev/null
@@ -45,6 +46,10 @@ RLOO=(examples/tiny_python_expr/cpu_rloo.toml --set max_steps=2 --set "dataset=$
 DPO=(examples/tiny_python_expr/cpu_dpo.toml --set max_steps=2 --set "dataset=$WORK/prefs")
 RM=(examples/preference/rm.toml --set max_steps=2 --set "dataset=$WORK/prefs")
 ODPO=(examples/tiny_python_expr/cpu_online_dpo.toml --set max_steps=2 --set "dataset=$WORK/tpe")
+# GRPO scored by the reward model the rm-lora case trains (its path set in a copy of the config).
+sed "s|^path = .*|path = \"$WORK/out-rm-lora/final\"|" examples/preference/grpo_rm.toml \
+  > "$WORK/grpo_rm.toml"
+GRPO_RM=("$WORK/grpo_rm.toml" --set max_steps=2 --set "dataset=$WORK/tpe")
 SFT=(examples/sft/sft.toml --set max_steps=2 --set "dataset=$WORK/sft.jsonl")
 
 args() {
@@ -74,6 +79,8 @@ args() {
     rm-lora) echo reward-model; printf '%s\n' "${RM[@]}" ;;
     # Online DPO: 8 prompts x 2 completions per micro-batch, a reference pass.
     online-dpo-lora) echo online-dpo; printf '%s\n' "${ODPO[@]}" ;;
+    # A reward model as a reward: its weights and scoring pass beside GRPO's LoRA policy.
+    grpo-rm-lora) echo grpo; printf '%s\n' "${GRPO_RM[@]}" ;;
     *) echo "unknown case $1" >&2; exit 2 ;;
   esac
 }

@@ -111,10 +111,11 @@ pub fn detect(table: &toml::Table) -> Result<Trainer> {
     let fits: Vec<Family> = FAMILIES
         .into_iter()
         .filter(|f| keys.iter().all(|k| f.takes(k)))
-        .filter(|f| match (f, dpo_loss) {
-            (Family::Online, Some(true)) => false,
-            (Family::Dpo | Family::OnlineDpo, Some(false)) => false,
-            _ => true,
+        .filter(|f| {
+            !matches!(
+                (f, dpo_loss),
+                (Family::Online, Some(true)) | (Family::Dpo | Family::OnlineDpo, Some(false))
+            )
         })
         .filter(|f| *f != Family::OnlineDpo || table.contains_key("rewards"))
         .collect();
