@@ -83,7 +83,7 @@ pub struct PlanArgs {
     /// The run's TOML config.
     #[arg(long, short = 'c')]
     pub config: PathBuf,
-    /// Override a config key, as `rlft grpo` / `rlft sft` take it (repeatable).
+    /// Override a config key, as the trainer's command takes it (repeatable).
     #[arg(long = "set")]
     pub set: Vec<String>,
     /// Plan for the config's length limits (max_prompt_length, max_length) instead of the

@@ -134,7 +134,7 @@ pub fn detect(table: &toml::Table) -> Result<Trainer> {
         many => bail!(
             "cannot tell which trainer this config is for: its keys fit {}; say which: {}",
             many.iter()
-                .map(|f| format!("`rlft plan {}`", f.command()))
+                .map(|f| f.command())
                 .collect::<Vec<_>>()
                 .join(", "),
             many.iter()
@@ -186,9 +186,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         for c in [
-            "`rlft plan sft`",
-            "`rlft plan dpo`",
-            "`rlft plan reward-model`",
+            "`rlft plan sft ",
+            "`rlft plan dpo ",
+            "`rlft plan reward-model ",
         ] {
             assert!(e.contains(c), "{e}");
         }
@@ -232,7 +232,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("`rlft plan grpo") && e.contains("`rlft plan online-dpo`"),
+            e.contains("`rlft plan grpo") && e.contains("`rlft plan online-dpo "),
             "{e}"
         );
         assert_eq!(

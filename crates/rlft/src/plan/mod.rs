@@ -9,7 +9,8 @@
 //! | `critic_load` | PPO: the policy loaded, the critic's file (and GGUF blocks) being read, or its trainable copies being made |
 //! | `eval` | GRPO eval generation: KV caches of 16 prompts (bf16 LoRA: the merged rollout copy) |
 //! | `generate` | KV caches of every completion of a rollout (bf16 LoRA: the merged copy) |
-//! | `score` | a no-grad log-prob pass (GRPO reference / old policy, SFT eval loss) |
+//! | `reward` | `[[rewards]] type = "model"`: a reward model's no-grad scoring pass ([`reward`]) |
+//! | `score` | a no-grad log-prob pass (GRPO / Online DPO reference or old policy, DPO reference or eval, SFT eval loss, reward-model eval scores) |
 //! | `values` | PPO: the critic's no-grad value pass over a micro-batch of completions |
 //! | `update` | gradients (the micro-batch's and the accumulated sums; one set with a single f32 micro-batch), one micro-batch's activations (PPO: the policy's and the critic's) |
 //! | `checkpoint` | a copy of the optimizer state, each tensor's write buffers |
@@ -717,6 +718,12 @@ pub fn generation(
 /// - LoRA export (and bf16 rollout/eval): the merged copy of the adapted weights;
 /// - PPO's critic: its weights, trainable parameters, AdamW state, gradients, value pass,
 ///   activations, checkpoint and export buffers ([`critic::components`]);
+/// - DPO: a reference copy `P x w` with full fine-tuning (not with
+///   `precompute_ref_log_probs`), micro-batches of pairs sharing each prompt pass
+///   ([`preference::dpo_passes`]); the reward model: no LM head, a `[1, hidden]` score head
+///   ([`preference::model_tensors`], [`preference::reward_model_passes`]);
+/// - `[[rewards]] type = "model"`: the reward models' weights and scoring pass
+///   ([`reward::components`]);
 /// - rollout KV caches: `prompts x G x L x 2 x kv_heads x head_dim x (prompt + completion) x
 ///   4` (f32) or x 2 (bf16), see [`generation`];
 /// - activations: [`activations::activations`].
