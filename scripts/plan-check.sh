@@ -6,7 +6,8 @@
 #   scripts/plan-check.sh [CASE...]     cases: grpo-lora grpo-full grpo-lora-unshared
 #                                       grpo-lora-unshared-72 grpo-lora-bf16 sft-lora sft-full
 #                                       sft-lora-ckpt grpo-lora-unshared-ckpt ppo-lora rloo-lora
-#                                       (default: all)
+#                                       dpo-lora rm-lora online-dpo-lora grpo-rm-lora
+#                                       (default: all; grpo-rm-lora scores with rm-lora's model)
 #
 # Build first (cargo build --release). On a shared machine run it under
 # `flock /tmp/rlft-bench.lock`. Work files go to $WORK (default /tmp/rlft-plan-check).
@@ -18,12 +19,16 @@ mkdir -p "$WORK"
 CASES=("$@")
 if [ ${#CASES[@]} -eq 0 ]; then
   CASES=(grpo-lora grpo-full grpo-lora-unshared grpo-lora-unshared-72 grpo-lora-bf16 sft-lora
-    sft-full sft-lora-ckpt grpo-lora-unshared-ckpt ppo-lora rloo-lora)
+    sft-full sft-lora-ckpt grpo-lora-unshared-ckpt ppo-lora rloo-lora dpo-lora rm-lora
+    online-dpo-lora grpo-rm-lora)
 fi
 
 "$RLFT" fetch-model >/dev/null
 if [ ! -f "$WORK/tpe/dataset_dict.json" ]; then
   "$RLFT" data tiny-python-expr --output "$WORK/tpe" --overwrite >/dev/null 2>&1
+fi
+if [ ! -f "$WORK/prefs/dataset_dict.json" ]; then
+  "$RLFT" data tiny-python-expr --preferences --output "$WORK/prefs" --overwrite >/dev/null 2>&1
 fi
 # SFT rows of ~600 tokens, all truncated to max_length 256: every micro-batch is 8 x 256.
 if [ ! -f "$WORK/sft.jsonl" ]; then
@@ -38,6 +43,13 @@ fi
 GRPO=(examples/tiny_python_expr/cpu.toml --set max_steps=2 --set "dataset=$WORK/tpe")
 PPO=(examples/tiny_python_expr/cpu_ppo.toml --set max_steps=2 --set "dataset=$WORK/tpe")
 RLOO=(examples/tiny_python_expr/cpu_rloo.toml --set max_steps=2 --set "dataset=$WORK/tpe")
+DPO=(examples/tiny_python_expr/cpu_dpo.toml --set max_steps=2 --set "dataset=$WORK/prefs")
+RM=(examples/preference/rm.toml --set max_steps=2 --set "dataset=$WORK/prefs")
+ODPO=(examples/tiny_python_expr/cpu_online_dpo.toml --set max_steps=2 --set "dataset=$WORK/tpe")
+# GRPO scored by the reward model the rm-lora case trains (its path set in a copy of the config).
+sed "s|^path = .*|path = \"$WORK/out-rm-lora/final\"|" examples/preference/grpo_rm.toml \
+  > "$WORK/grpo_rm.toml"
+GRPO_RM=("$WORK/grpo_rm.toml" --set max_steps=2 --set "dataset=$WORK/tpe")
 SFT=(examples/sft/sft.toml --set max_steps=2 --set "dataset=$WORK/sft.jsonl")
 
 args() {
@@ -61,6 +73,14 @@ args() {
     ppo-lora) echo ppo; printf '%s\n' "${PPO[@]}" ;;
     # RLOO with TRL's beta 0.05: the KL in the reward, so old and reference log-prob passes.
     rloo-lora) echo rloo; printf '%s\n' "${RLOO[@]}" --set beta=0.05 ;;
+    # DPO with LoRA: 8 pairs per micro-batch, each prompt run once for both sides.
+    dpo-lora) echo dpo; printf '%s\n' "${DPO[@]}" ;;
+    # A reward model (LoRA + score head): 8 pairs = 16 sequences per micro-batch.
+    rm-lora) echo reward-model; printf '%s\n' "${RM[@]}" ;;
+    # Online DPO: 8 prompts x 2 completions per micro-batch, a reference pass.
+    online-dpo-lora) echo online-dpo; printf '%s\n' "${ODPO[@]}" ;;
+    # A reward model as a reward: its weights and scoring pass beside GRPO's LoRA policy.
+    grpo-rm-lora) echo grpo; printf '%s\n' "${GRPO_RM[@]}" ;;
     *) echo "unknown case $1" >&2; exit 2 ;;
   esac
 }

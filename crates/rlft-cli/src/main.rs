@@ -10,6 +10,7 @@ mod grpo_cmd;
 mod inspect_cmd;
 mod merge_cmd;
 mod plan_cmd;
+mod plan_detect;
 mod report_cmd;
 mod reward_model_cmd;
 mod serve_cmd;
@@ -71,8 +72,9 @@ enum Command {
     /// Online DPO (TRL's OnlineDPOTrainer): two completions per prompt, ranked by the rewards,
     /// trained with the DPO loss against the reference.
     OnlineDpo(grpo_cmd::GrpoArgs),
-    /// Predict a run's peak memory (RSS) from its GRPO/SFT config before it starts: weights,
-    /// optimizer, gradients, KV cache, activations; what to change when it does not fit.
+    /// Predict a run's peak memory (RSS) from its config (GRPO, RLOO, PPO, SFT, DPO, reward
+    /// model, Online DPO) before it starts: weights, optimizer, gradients, KV cache,
+    /// activations, reward models; what to change when it does not fit.
     Plan(plan_cmd::PlanArgs),
     /// Score a model on a config's eval prompts with its rewards (greedy or sampled pass@1).
     Eval(grpo_cmd::EvalArgs),

@@ -1,20 +1,26 @@
-//! `rlft plan [grpo|rloo|ppo|sft] --config X.toml`: the predicted peak memory (RSS) of a run,
-//! before it starts, by component and phase (PPO's critic as components of its own); whether it
-//! fits in this machine's available memory, and if not, the config changes that make it fit
-//! (`rlft::plan`).
+//! `rlft plan [grpo|rloo|ppo|sft|dpo|reward-model|online-dpo] --config X.toml`: the predicted
+//! peak memory (RSS) of a run, before it starts, by component and phase (PPO's critic and
+//! reward models as components of their own); whether it fits in this machine's available
+//! memory, and if not, the config changes that make it fit (`rlft::plan`). Without a trainer
+//! the config's keys tell it (`crate::plan_detect`).
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use rlft::config::grpo::{GrpoConfig, ALIASES, GRPO_KEYS};
-use rlft::config::online::{PpoConfig, RlooConfig, ONLINE_ALIASES};
-use rlft::config::sft::{SftConfig, SFT_KEYS};
+use rlft::config::dpo::DpoConfig;
+use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::{PpoConfig, RlooConfig};
+use rlft::config::online_dpo::OnlineDpoConfig;
+use rlft::config::reward::RewardConfig;
+use rlft::config::sft::SftConfig;
 use rlft::config::{apply_overrides, read_table, TrainerConfig};
-use rlft::plan::inputs::{GrpoLengths, LengthSource, SftLengths};
+use rlft::plan::inputs::{DpoLengths, GrpoLengths, LengthSource, RewardModelLengths, SftLengths};
 use rlft::plan::{
-    count, critic_shape, estimate, grpo_lengths, run_shape_grpo, run_shape_sft, sft_lengths,
-    suggest, CriticShape, Environment, ModelDims, Plan, RunShape, Suggestion, Tuning, Workload,
+    count, critic_shape, dpo_lengths, estimate, grpo_lengths, model_rewards, reward_model_lengths,
+    run_shape_dpo, run_shape_grpo, run_shape_online_dpo, run_shape_reward_model, run_shape_sft,
+    sft_lengths, suggest, CriticShape, DpoReference, Environment, ModelDims, Plan, RunShape,
+    Suggestion, Tuning, Workload,
 };
 use serde_json::json;
 
@@ -39,6 +45,12 @@ pub enum Trainer {
     Ppo,
     /// `rlft sft` configs.
     Sft,
+    /// `rlft dpo` configs.
+    Dpo,
+    /// `rlft reward-model` configs.
+    RewardModel,
+    /// `rlft online-dpo` configs.
+    OnlineDpo,
 }
 
 impl Trainer {
@@ -49,6 +61,9 @@ impl Trainer {
             Trainer::Rloo => "rloo",
             Trainer::Ppo => "ppo",
             Trainer::Sft => "sft",
+            Trainer::Dpo => "dpo",
+            Trainer::RewardModel => "reward-model",
+            Trainer::OnlineDpo => "online-dpo",
         }
     }
 }
@@ -56,20 +71,23 @@ impl Trainer {
 /// `rlft plan`.
 #[derive(Args, Debug)]
 pub struct PlanArgs {
-    /// The trainer the config is for (its defaults apply); default: told apart by its keys
-    /// (SFT has max_length, eval_size...; the online ones num_generations, rewards...; among
-    /// those, `advantage_estimator = "gae"` or a critic key such as vf_coef or value_model is
-    /// ppo, `advantage_estimator = "rloo"` or normalize_advantages is rloo, the rest grpo).
+    /// The trainer the config is for (its defaults apply). Default: the one trainer whose
+    /// config takes all its keys (num_generations... online; packing SFT; precompute_ref_log_probs
+    /// or a DPO loss_type such as "sigmoid" DPO; center_rewards_coefficient the reward model;
+    /// rewards with max_new_tokens online-dpo); among the online ones
+    /// `advantage_estimator = "gae"` or a critic key such as vf_coef is ppo,
+    /// `advantage_estimator = "rloo"` or normalize_advantages rloo, the rest grpo. When the keys
+    /// fit several (max_length alone: sft, dpo or reward-model), name the trainer.
     #[arg(value_enum)]
     pub trainer: Option<Trainer>,
     /// The run's TOML config.
     #[arg(long, short = 'c')]
     pub config: PathBuf,
-    /// Override a config key, as `rlft grpo` / `rlft sft` take it (repeatable).
+    /// Override a config key, as the trainer's command takes it (repeatable).
     #[arg(long = "set")]
     pub set: Vec<String>,
     /// Plan for the config's length limits (max_prompt_length, max_length) instead of the
-    /// dataset's longest prompt / example (the dataset is then not read).
+    /// dataset's longest prompt / example / pair (the dataset is then not read).
     #[arg(long)]
     pub worst_case: bool,
     /// Plan for this much memory (MiB) instead of /proc/meminfo's MemAvailable.
@@ -78,72 +96,6 @@ pub struct PlanArgs {
     /// Print the plan as JSON.
     #[arg(long)]
     pub json: bool,
-}
-
-/// Keys only PPO's critic reads (canonical and aliases): a config with one is for `rlft ppo`.
-const CRITIC_KEYS: &[&str] = &[
-    "value_model",
-    "critic_pretrain",
-    "vf_coef",
-    "cliprange_value",
-    "value_clip",
-    "whiten_rewards",
-    "lam",
-    "lambd",
-];
-
-/// Tells the trainers apart by the (top-level) keys only some have, and the online configs by
-/// their estimator (`advantage_estimator`, else a critic key for PPO, `normalize_advantages`
-/// for RLOO).
-fn detect(table: &toml::Table) -> Result<Trainer> {
-    let keys: Vec<&str> = table.keys().map(String::as_str).collect();
-    let online = detect_online_or_sft(&keys)?;
-    if online == Trainer::Sft {
-        return Ok(online);
-    }
-    let estimator = table.get("advantage_estimator").and_then(|v| v.as_str());
-    Ok(match estimator {
-        Some("gae") => Trainer::Ppo,
-        Some("rloo") => Trainer::Rloo,
-        Some(_) => Trainer::Grpo,
-        None if keys.iter().any(|k| CRITIC_KEYS.contains(k)) => Trainer::Ppo,
-        None if keys.contains(&"normalize_advantages") => Trainer::Rloo,
-        None => Trainer::Grpo,
-    })
-}
-
-/// Tells the online (GRPO, RLOO, PPO: answered as `Grpo`) and SFT configs apart by the keys
-/// only one of them has.
-fn detect_online_or_sft(keys: &[&str]) -> Result<Trainer> {
-    let grpo_only = |k: &str| {
-        (GRPO_KEYS.contains(&k) && !SFT_KEYS.contains(&k))
-            || ALIASES
-                .iter()
-                .chain(ONLINE_ALIASES)
-                .any(|(a, _, _)| *a == k)
-            || matches!(
-                k,
-                "rollout_batch_size" | "train_batch_size" | "num_mini_batches"
-            )
-    };
-    let sft_only = |k: &str| SFT_KEYS.contains(&k) && !GRPO_KEYS.contains(&k);
-    let g: Vec<&str> = keys.iter().copied().filter(|k| grpo_only(k)).collect();
-    let s: Vec<&str> = keys.iter().copied().filter(|k| sft_only(k)).collect();
-    match (g.is_empty(), s.is_empty()) {
-        (false, true) => Ok(Trainer::Grpo),
-        (true, false) => Ok(Trainer::Sft),
-        (true, true) => bail!(
-            "cannot tell whether this is a GRPO (RLOO, PPO) or an SFT config (no key only one of \
-             them has); say which: `rlft plan grpo --config ...` (or rloo, ppo) or `rlft plan \
-             sft --config ...`"
-        ),
-        (false, false) => bail!(
-            "the config has GRPO keys ({}) and SFT keys ({}); say which trainer it is for: \
-             `rlft plan grpo --config ...` (or rloo, ppo) or `rlft plan sft --config ...`",
-            g.join(", "),
-            s.join(", ")
-        ),
-    }
 }
 
 fn proc_kib(file: &str, key: &str) -> Option<u64> {
@@ -176,6 +128,8 @@ fn gib(b: u64) -> String {
 enum Lengths {
     Grpo(GrpoLengths),
     Sft(SftLengths),
+    Dpo(DpoLengths),
+    RewardModel(RewardModelLengths),
 }
 
 /// The model's path and metadata (config, tokenizer), without its weights.
@@ -186,21 +140,51 @@ fn model(name: &str) -> Result<(PathBuf, rlft_model::load::ModelMetadata)> {
     Ok((path, meta))
 }
 
+/// PPO's critic of `cfg` (none without `value_model`); when the value model cannot be read,
+/// a copy of the policy's model, with a note.
+fn critic(
+    cfg: &GrpoConfig,
+    meta: &rlft_model::load::ModelMetadata,
+    notes: &mut Vec<String>,
+) -> Option<CriticShape> {
+    match critic_shape(cfg, meta) {
+        Ok(c) => c,
+        Err(e) => {
+            notes.push(format!(
+                "the value model could not be read ({e}); planned the critic as a copy of the \
+                 policy's model"
+            ));
+            Some(CriticShape {
+                dims: ModelDims::from_config(&meta.config),
+                headless: false,
+                source_file_bytes: meta.largest_file_bytes,
+                decode_block_bytes: meta.decode_block_bytes,
+            })
+        }
+    }
+}
+
 /// Runs `rlft plan`.
 pub fn run(a: PlanArgs) -> Result<()> {
     let mut table = read_table(&a.config)?;
     apply_overrides(&mut table, &a.set)?;
     let trainer = match a.trainer {
         Some(t) => t,
-        None => detect(&table)?,
+        None => crate::plan_detect::detect(&table)?,
     };
     let mut notes: Vec<String> = Vec::new();
     let (run, lengths, model_path, meta) = match trainer {
-        Trainer::Grpo | Trainer::Rloo | Trainer::Ppo => {
-            // The command's own defaults (RLOO's beta and group size, PPO's critic...).
-            let cfg = match trainer {
-                Trainer::Rloo => RlooConfig::load(&a.config, &a.set)?.0,
-                Trainer::Ppo => PpoConfig::load(&a.config, &a.set)?.0,
+        Trainer::Grpo | Trainer::Rloo | Trainer::Ppo | Trainer::OnlineDpo => {
+            // The command's own defaults (RLOO's beta and group size, PPO's critic, Online
+            // DPO's pairs...).
+            let odpo = match trainer {
+                Trainer::OnlineDpo => Some(OnlineDpoConfig::load(&a.config, &a.set)?),
+                _ => None,
+            };
+            let cfg = match (trainer, &odpo) {
+                (_, Some(o)) => o.online(),
+                (Trainer::Rloo, _) => RlooConfig::load(&a.config, &a.set)?.0,
+                (Trainer::Ppo, _) => PpoConfig::load(&a.config, &a.set)?.0,
                 _ => GrpoConfig::load(&a.config, &a.set)?,
             };
             let (model_path, meta) = model(&cfg.args.model)?;
@@ -213,27 +197,21 @@ pub fn run(a: PlanArgs) -> Result<()> {
                     grpo_lengths(&cfg, &meta.text, false)?
                 }
             };
-            let critic = match critic_shape(&cfg, &meta) {
-                Ok(c) => c,
+            let rewards = match model_rewards(&cfg, &model_path, &l) {
+                Ok(r) => r,
                 Err(e) => {
                     notes.push(format!(
-                        "the value model could not be read ({e}); planned the critic as a copy \
-                         of the policy's model"
+                        "a `type = \"model\"` reward's model could not be read ({e}); planned \
+                         without reward models"
                     ));
-                    Some(CriticShape {
-                        dims: ModelDims::from_config(&meta.config),
-                        headless: false,
-                        source_file_bytes: meta.largest_file_bytes,
-                        decode_block_bytes: meta.decode_block_bytes,
-                    })
+                    Vec::new()
                 }
             };
-            (
-                run_shape_grpo(&cfg, &l, critic)?,
-                Lengths::Grpo(l),
-                model_path,
-                meta,
-            )
+            let run = match &odpo {
+                Some(o) => run_shape_online_dpo(o, &l, rewards)?,
+                None => run_shape_grpo(&cfg, &l, critic(&cfg, &meta, &mut notes), rewards)?,
+            };
+            (run, Lengths::Grpo(l), model_path, meta)
         }
         Trainer::Sft => {
             let cfg = SftConfig::load(&a.config, &a.set)?;
@@ -248,6 +226,35 @@ pub fn run(a: PlanArgs) -> Result<()> {
                 }
             };
             (run_shape_sft(&cfg, &l)?, Lengths::Sft(l), model_path, meta)
+        }
+        Trainer::Dpo => {
+            let cfg = DpoConfig::load(&a.config, &a.set)?;
+            let (model_path, meta) = model(&cfg.args.model)?;
+            let l = match dpo_lengths(&cfg, &meta.text, !a.worst_case) {
+                Ok(l) => l,
+                Err(e) => {
+                    notes.push(format!(
+                        "the dataset could not be read ({e}); planned for max_length"
+                    ));
+                    dpo_lengths(&cfg, &meta.text, false)?
+                }
+            };
+            (run_shape_dpo(&cfg, &l)?, Lengths::Dpo(l), model_path, meta)
+        }
+        Trainer::RewardModel => {
+            let cfg = RewardConfig::load(&a.config, &a.set)?;
+            let (model_path, meta) = model(&cfg.args.model)?;
+            let l = match reward_model_lengths(&cfg, &meta.text, !a.worst_case) {
+                Ok(l) => l,
+                Err(e) => {
+                    notes.push(format!(
+                        "the dataset could not be read ({e}); planned for max_length"
+                    ));
+                    reward_model_lengths(&cfg, &meta.text, false)?
+                }
+            };
+            let run = run_shape_reward_model(&cfg, &l)?;
+            (run, Lengths::RewardModel(l), model_path, meta)
         }
     };
     let dims = ModelDims::from_config(&meta.config);
@@ -282,6 +289,8 @@ pub fn run(a: PlanArgs) -> Result<()> {
             "lengths": match &lengths {
                 Lengths::Grpo(l) => serde_json::to_value(l)?,
                 Lengths::Sft(l) => serde_json::to_value(l)?,
+                Lengths::Dpo(l) => serde_json::to_value(l)?,
+                Lengths::RewardModel(l) => serde_json::to_value(l)?,
             },
             "run": run,
             "environment": env,
@@ -375,7 +384,15 @@ fn print_text(
                 g.rollout_prompts,
                 g.num_generations,
                 g.rollout_completions,
-                run.micro_batch,
+                if g.online_dpo {
+                    format!(
+                        "{} completions ({} prompts x 2)",
+                        run.micro_batch,
+                        run.micro_batch / 2
+                    )
+                } else {
+                    run.micro_batch.to_string()
+                },
                 run.accumulation,
                 if g.share_prompts {
                     format!(
@@ -391,6 +408,18 @@ fn print_text(
                     String::new()
                 }
             );
+            for r in &g.reward_models {
+                println!(
+                    "reward `{}`: a reward model of {} layers, hidden {}, {} parameters; \
+                     {} sequences x {} tokens per scoring pass",
+                    r.name,
+                    r.model.dims.layers,
+                    r.model.dims.hidden,
+                    count(r.model.parameters()),
+                    r.batch_size,
+                    r.tokens
+                );
+            }
             if let Some(k) = &g.critic {
                 println!(
                     "critic: {} layers, hidden {}, {} parameters{}, trained as the policy is \
@@ -414,24 +443,69 @@ fn print_text(
             run.micro_batch,
             run.accumulation
         ),
+        (Lengths::Dpo(l), Workload::Dpo(d)) => println!(
+            "shapes: prompts {} tokens, completions {} tokens ({}); micro-batch {} pairs x {} \
+             accumulation: {} prompt row{} per pair, chosen + rejected ({} rows) attending to \
+             it; reference: {}",
+            l.prompt_tokens,
+            l.completion_tokens,
+            src(l.source),
+            run.micro_batch,
+            run.accumulation,
+            d.prompts_per_pair,
+            if d.prompts_per_pair == 1 { "" } else { "s" },
+            2 * run.micro_batch,
+            match d.reference {
+                DpoReference::AdaptersOff => "the base with adapters off",
+                DpoReference::Copy => "a frozen copy",
+                DpoReference::Precomputed => "precomputed log-probs",
+            }
+        ),
+        (Lengths::RewardModel(l), Workload::RewardModel(_)) => println!(
+            "shapes: sequences {} tokens ({}); micro-batch {} pairs ({} sequences) x {} \
+             accumulation; a score head, no LM head",
+            l.sequence_tokens,
+            src(l.source),
+            run.micro_batch,
+            2 * run.micro_batch,
+            run.accumulation
+        ),
         _ => {}
     }
     for n in notes {
         println!("note: {n}");
     }
     println!();
+    // The run's phases a component is alive in, in words when they are all (but loading).
     let phase_list = |c: &rlft::plan::Component| -> String {
         use rlft::plan::Phase;
-        if c.phases.len() >= 5 {
-            if c.phases.contains(&Phase::Load) {
-                "all".into()
-            } else if c.phases.contains(&Phase::CriticLoad) {
-                "from critic_load".into()
+        let run_phases: Vec<Phase> = plan.phases.iter().map(|p| p.phase).collect();
+        let alive: Vec<Phase> = run_phases
+            .iter()
+            .copied()
+            .filter(|p| c.phases.contains(p))
+            .collect();
+        let but = |skip: &[Phase]| -> Vec<Phase> {
+            run_phases
+                .iter()
+                .copied()
+                .filter(|p| !skip.contains(p))
+                .collect()
+        };
+        let critic = run_phases.contains(&Phase::CriticLoad);
+        if alive.len() >= 3 && alive == run_phases {
+            "all".into()
+        } else if alive.len() >= 3 && alive == but(&[Phase::Load]) {
+            if critic {
+                "from critic_load"
             } else {
-                "all but load".into()
+                "all but load"
             }
+            .into()
+        } else if alive.len() >= 3 && critic && alive == but(&[Phase::Load, Phase::CriticLoad]) {
+            "all but load".into()
         } else {
-            c.phases
+            alive
                 .iter()
                 .map(|p| p.name())
                 .collect::<Vec<_>>()
@@ -560,56 +634,5 @@ fn print_text(
                 .collect::<Vec<_>>()
                 .join(" ")
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn table(text: &str) -> toml::Table {
-        text.parse().unwrap()
-    }
-
-    #[test]
-    fn detects_the_trainer_from_keys() {
-        let t = |s: &str| detect(&table(s));
-        assert_eq!(
-            t("num_generations = 4\ndataset = 'd'").unwrap(),
-            Trainer::Grpo
-        );
-        assert_eq!(t("rollout_batch_size = 2").unwrap(), Trainer::Grpo);
-        assert_eq!(t("max_length = 64\nuse_peft = true").unwrap(), Trainer::Sft);
-        let e = t("dataset = 'd'\nlearning_rate = 1e-5").unwrap_err();
-        assert!(e.to_string().contains("rlft plan grpo"), "{e}");
-        let e = t("max_length = 64\nbeta = 0.1").unwrap_err();
-        assert!(e.to_string().contains("beta") && e.to_string().contains("max_length"));
-        // The online family: the estimator, else a critic key (ppo) or RLOO's own key.
-        assert_eq!(t("advantage_estimator = 'gae'").unwrap(), Trainer::Ppo);
-        assert_eq!(t("advantage_estimator = 'rloo'").unwrap(), Trainer::Rloo);
-        assert_eq!(
-            t("advantage_estimator = 'reinforce_baseline'\nvf_coef = 0.1").unwrap(),
-            Trainer::Grpo
-        );
-        assert_eq!(t("kl_coef = 0.0\nvf_coef = 0.1").unwrap(), Trainer::Ppo);
-        assert_eq!(t("normalize_advantages = false").unwrap(), Trainer::Rloo);
-        assert_eq!(
-            t("kl_coef = 0.05\nnum_generations = 4").unwrap(),
-            Trainer::Grpo
-        );
-    }
-
-    #[test]
-    fn detects_the_example_configs() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        for (file, want) in [
-            ("cpu.toml", Trainer::Grpo),
-            ("cpu_rloo.toml", Trainer::Rloo),
-            ("cpu_ppo.toml", Trainer::Ppo),
-            ("cpu_reinforce_baseline.toml", Trainer::Grpo),
-        ] {
-            let path = root.join("examples/tiny_python_expr").join(file);
-            assert_eq!(detect(&read_table(&path).unwrap()).unwrap(), want, "{file}");
-        }
     }
 }

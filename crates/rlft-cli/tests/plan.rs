@@ -270,3 +270,118 @@ fn too_little_memory_gets_suggestions() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("rlft plan grpo"));
 }
+
+/// 16 preference rows: a question, a longer right answer and a shorter wrong one (the test
+/// model's tokenizer reads about a token per byte).
+fn preferences(dir: &Path) -> std::path::PathBuf {
+    let data = dir.join("prefs.jsonl");
+    let mut s = String::new();
+    for i in 0..16 {
+        let row = serde_json::json!({
+            "prompt": format!("Question {i}: what is {i} plus {}? Answer briefly.", i * 3 % 7),
+            "chosen": format!(
+                "Adding {i} and {} step by step gives {}, so the answer is {}.",
+                i * 3 % 7,
+                i + i * 3 % 7,
+                i + i * 3 % 7
+            ),
+            "rejected": format!("It is {}.", i + 1),
+        });
+        s.push_str(&row.to_string());
+        s.push('\n');
+    }
+    std::fs::write(&data, s).unwrap();
+    data
+}
+
+/// Plans `cfg` (the trainer told by its keys must be `trainer`), runs it with `rlft
+/// <trainer>`, and checks the predicted peak against the run's within 15%, in total and over
+/// the baseline.
+fn check_trainer(trainer: &str, cfg: &Path, out: &Path) {
+    let cfg_s = cfg.to_str().unwrap();
+    let plan: Value = serde_json::from_str(&ok(&rlft(&["plan", "--config", cfg_s, "--json"])))
+        .expect("plan JSON");
+    assert_eq!(plan["trainer"], trainer);
+    assert_eq!(plan["lengths"]["source"], "dataset");
+    let mib = |b: &Value| b.as_u64().unwrap() as f64 / (1u64 << 20) as f64;
+    let predicted = mib(&plan["total_bytes"]);
+    let components = plan["plan"]["components"].as_array().unwrap();
+    let baseline = components
+        .iter()
+        .find(|c| c["key"] == "baseline")
+        .map(|c| mib(&c["bytes"]))
+        .unwrap();
+    ok(&rlft(&[trainer, "--config", cfg_s]));
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("run_summary.json")).unwrap())
+            .unwrap();
+    let measured = summary["peak_rss_mib"].as_f64().unwrap();
+    let err = (predicted - measured) / measured;
+    let over = (predicted - measured) / (measured - baseline);
+    eprintln!(
+        "{trainer}: predicted {predicted:.0} MiB (baseline {baseline:.0}), measured \
+         {measured:.0} MiB: {:+.1}% ({:+.1}% over the baseline)",
+        err * 100.0,
+        over * 100.0
+    );
+    assert!(baseline < 0.1 * measured, "baseline {baseline:.0} MiB");
+    assert!(
+        err.abs() <= 0.15 && over.abs() <= 0.15,
+        "{err:+.3} / {over:+.3}"
+    );
+}
+
+/// The shared keys of the preference tests' configs: full fine-tuning of the 23M model on
+/// micro-batches of 8 (pairs, or completions for Online DPO), two steps.
+fn preference_config(dir: &Path, data: &Path, body: &str) -> std::path::PathBuf {
+    let text = format!(
+        "model = \"{}\"\noutput_dir = \"{}\"\ndataset = \"{}\"\nper_device_train_batch_size = \
+         {}\ngradient_accumulation_steps = 1\nlearning_rate = 1e-5\nmax_steps = 2\nreport_to = \
+         [\"jsonl\"]\nseed = 1\n{body}\n",
+        model(dir),
+        dir.join("out").display(),
+        data.display(),
+        if body.contains("rewards") { 4 } else { 8 },
+    );
+    let cfg = dir.join("run.toml");
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
+/// DPO (detected by its `loss_type`): a frozen reference copy, each prompt run once for the
+/// chosen and rejected completions of its pair.
+#[test]
+fn predicted_dpo_peak_is_within_15_percent_of_a_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = preferences(tmp.path());
+    let body = "beta = 0.1\nloss_type = \"sigmoid\"\nmax_length = 256";
+    let cfg = preference_config(tmp.path(), &data, body);
+    check_trainer("dpo", &cfg, &tmp.path().join("out"));
+}
+
+/// The reward model (detected by `center_rewards_coefficient`): 16 sequences per micro-batch,
+/// a score head and no LM head.
+#[test]
+fn predicted_reward_model_peak_is_within_15_percent_of_a_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = preferences(tmp.path());
+    let body = "center_rewards_coefficient = 0.01\nmax_length = 256";
+    let cfg = preference_config(tmp.path(), &data, body);
+    check_trainer("reward-model", &cfg, &tmp.path().join("out"));
+}
+
+/// Online DPO (detected by `max_new_tokens` with rewards): 4 prompts x 2 completions of 48
+/// tokens per micro-batch, a reference copy.
+#[test]
+fn predicted_online_dpo_peak_is_within_15_percent_of_a_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("prompts.jsonl");
+    let rows: String = (0..8)
+        .map(|i| format!("{{\"prompt\": \"What is {i} + {}?\"}}\n", i * 3 % 7))
+        .collect();
+    std::fs::write(&data, rows).unwrap();
+    let body = "max_new_tokens = 48\nmax_length = 128\nbeta = 0.1\n\n[[rewards]]\ntype = \
+                \"regex_format\"\npattern = \"[a-z]\"";
+    let cfg = preference_config(tmp.path(), &data, body);
+    check_trainer("online-dpo", &cfg, &tmp.path().join("out"));
+}

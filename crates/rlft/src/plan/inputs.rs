@@ -8,10 +8,13 @@ use rlft_text::TextBundle;
 use serde::Serialize;
 
 use super::{
-    CriticShape, EvalPrompts, GrpoShape, LoraShape, ModelDims, PlanError, RunShape, SftShape,
-    Tuning, Workload,
+    CriticShape, DpoReference, DpoShape, EvalPrompts, GrpoShape, LoraShape, ModelDims,
+    ModelRewardShape, PlanError, RewardModelShape, RunShape, SftShape, Tuning, Workload,
 };
+use crate::config::dpo::DpoConfig;
 use crate::config::grpo::GrpoConfig;
+use crate::config::online_dpo::OnlineDpoConfig;
+use crate::config::reward::RewardConfig;
 use crate::config::sft::SftConfig;
 use crate::config::{LoraSettings, TrainingArgs};
 use crate::data::sft::{build_example, fit_length, LengthReport, SftFormat};
@@ -199,6 +202,249 @@ fn run_shape(args: &TrainingArgs, workload: Workload) -> Result<RunShape, PlanEr
     })
 }
 
+/// Pair lengths of a DPO run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DpoLengths {
+    /// Longest prompt in tokens (after `max_prompt_length`).
+    pub prompt_tokens: usize,
+    /// Longest chosen or rejected completion in tokens (after `max_length`).
+    pub completion_tokens: usize,
+    /// 2 when `keep_end` truncation left some pair's sides different prompts, else 1.
+    pub prompts_per_pair: usize,
+    /// Eval pairs exist.
+    pub eval: bool,
+    /// Where they come from.
+    pub source: LengthSource,
+}
+
+/// Whether a config has eval data: `eval_dataset`, `eval_split`, or an `eval_size` split.
+fn has_eval(a: &TrainingArgs, eval_size: f64) -> bool {
+    a.eval_dataset.is_some() || a.eval_split.is_some() || eval_size > 0.0
+}
+
+/// The pair lengths of a DPO config: with `read_data`, the longest prompt and the longest
+/// completion over its train and eval pairs after the length limits (the trainer's own
+/// `data::dpo::dpo_pairs`); else the longest the limits allow: a prompt of `max_prompt_length`
+/// (else `max_length - 1`) and a completion of `max_length - 1` (a micro-batch pads each part
+/// to its longest).
+pub fn dpo_lengths(
+    cfg: &DpoConfig,
+    text: &TextBundle,
+    read_data: bool,
+) -> Result<DpoLengths, PlanError> {
+    let a = &cfg.args;
+    let eval = has_eval(a, cfg.eval_size);
+    if !read_data {
+        if cfg.max_length == 0 {
+            return Err(PlanError::Invalid(
+                "max_length = 0 (no limit) gives no worst case; plan from the dataset (drop \
+                 --worst-case) or set max_length"
+                    .into(),
+            ));
+        }
+        let limit = cfg.max_length - 1;
+        let prompt = if cfg.max_prompt_length > 0 {
+            cfg.max_prompt_length.min(limit)
+        } else {
+            limit
+        };
+        return Ok(DpoLengths {
+            prompt_tokens: prompt,
+            completion_tokens: limit,
+            prompts_per_pair: match cfg.truncation_mode {
+                crate::config::dpo::TruncationMode::KeepEnd => 2,
+                crate::config::dpo::TruncationMode::KeepStart => 1,
+            },
+            eval,
+            source: LengthSource::Config,
+        });
+    }
+    let (train, eval_ds) = crate::data::train_eval_datasets(a, cfg.eval_size)
+        .map_err(|e| PlanError::Data(e.to_string()))?;
+    let lim = crate::data::dpo::DpoLimits {
+        max_length: cfg.max_length,
+        max_prompt_length: cfg.max_prompt_length,
+        truncation_mode: cfg.truncation_mode,
+    };
+    let mut l = DpoLengths {
+        prompt_tokens: 0,
+        completion_tokens: 0,
+        prompts_per_pair: 1,
+        eval: eval_ds.as_ref().is_some_and(|d| !d.is_empty()),
+        source: LengthSource::Dataset,
+    };
+    for ds in std::iter::once(&train).chain(eval_ds.as_ref()) {
+        let (pairs, _) = crate::data::dpo::dpo_pairs(ds, text, a.system_prompt.as_deref(), &lim)
+            .map_err(|e| PlanError::Data(e.to_string()))?;
+        for p in &pairs {
+            l.prompt_tokens = l.prompt_tokens.max(p.prompt_ids.len());
+            l.prompt_tokens = l.prompt_tokens.max(p.rejected_prompt().len());
+            l.completion_tokens = l
+                .completion_tokens
+                .max(p.chosen_ids.len())
+                .max(p.rejected_ids.len());
+            if p.rejected_prompt_ids.is_some() {
+                l.prompts_per_pair = 2;
+            }
+        }
+    }
+    if l.completion_tokens == 0 {
+        return Err(PlanError::Data(format!(
+            "{} has no preference pair",
+            a.dataset.display()
+        )));
+    }
+    Ok(l)
+}
+
+/// Sequence lengths of a reward-model run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RewardModelLengths {
+    /// Longest chosen or rejected sequence (prompt included) kept by `max_length`.
+    pub sequence_tokens: usize,
+    /// Eval pairs exist.
+    pub eval: bool,
+    /// Where they come from.
+    pub source: LengthSource,
+}
+
+/// The sequence lengths of a reward-model config: with `read_data`, the longest side of the
+/// pairs its train and eval data keep (`data::preferences::reward_pairs`, which drops pairs
+/// over `max_length`); else `max_length`.
+pub fn reward_model_lengths(
+    cfg: &RewardConfig,
+    text: &TextBundle,
+    read_data: bool,
+) -> Result<RewardModelLengths, PlanError> {
+    let a = &cfg.args;
+    if !read_data {
+        if cfg.max_length == 0 {
+            return Err(PlanError::Invalid(
+                "max_length = 0 (no limit) gives no worst case; plan from the dataset (drop \
+                 --worst-case) or set max_length"
+                    .into(),
+            ));
+        }
+        return Ok(RewardModelLengths {
+            sequence_tokens: cfg.max_length,
+            eval: has_eval(a, cfg.eval_size),
+            source: LengthSource::Config,
+        });
+    }
+    let (train, eval_ds) = crate::data::train_eval_datasets(a, cfg.eval_size)
+        .map_err(|e| PlanError::Data(e.to_string()))?;
+    let mut longest = 0;
+    for ds in std::iter::once(&train).chain(eval_ds.as_ref()) {
+        let system = a.system_prompt.as_deref();
+        let (pairs, _, _) =
+            crate::data::preferences::reward_pairs(ds, text, system, cfg.length_limit())
+                .map_err(|e| PlanError::Data(e.to_string()))?;
+        for p in &pairs {
+            longest = longest.max(p.chosen_ids.len()).max(p.rejected_ids.len());
+        }
+    }
+    if longest == 0 {
+        return Err(PlanError::Data(format!(
+            "{} has no preference pair within max_length {}",
+            a.dataset.display(),
+            cfg.max_length
+        )));
+    }
+    Ok(RewardModelLengths {
+        sequence_tokens: longest,
+        eval: eval_ds.as_ref().is_some_and(|d| !d.is_empty()),
+        source: LengthSource::Dataset,
+    })
+}
+
+/// The run shape of a DPO config with its pair lengths.
+pub fn run_shape_dpo(cfg: &DpoConfig, l: &DpoLengths) -> Result<RunShape, PlanError> {
+    let reference = match (cfg.precompute_ref_log_probs, cfg.args.use_peft) {
+        (true, _) => DpoReference::Precomputed,
+        (false, true) => DpoReference::AdaptersOff,
+        (false, false) => DpoReference::Copy,
+    };
+    let workload = Workload::Dpo(DpoShape {
+        prompt_tokens: l.prompt_tokens,
+        completion_tokens: l.completion_tokens,
+        prompts_per_pair: l.prompts_per_pair,
+        reference,
+        eval: l.eval,
+    });
+    run_shape(&cfg.args, workload)
+}
+
+/// The run shape of a reward-model config with its sequence lengths.
+pub fn run_shape_reward_model(
+    cfg: &RewardConfig,
+    l: &RewardModelLengths,
+) -> Result<RunShape, PlanError> {
+    let workload = Workload::RewardModel(RewardModelShape {
+        sequence_tokens: l.sequence_tokens,
+        eval: l.eval,
+    });
+    run_shape(&cfg.args, workload)
+}
+
+/// The `type = "model"` rewards of an online config, read as `reward_model::reward` loads
+/// them: a `*ForSequenceClassification` directory's own config (no LM head), or a SEQ_CLS
+/// adapter's base (`base`, the policy's `model` string meaning `policy`, else the adapter's
+/// `base_model_name_or_path`) with its LM head. Each scores sequences of the longest prompt
+/// plus `max_completion_length` tokens, cut to its `max_length`.
+pub fn model_rewards(
+    cfg: &GrpoConfig,
+    policy: &std::path::Path,
+    lengths: &GrpoLengths,
+) -> Result<Vec<ModelRewardShape>, PlanError> {
+    let mut out = Vec::new();
+    for spec in &cfg.rewards {
+        let rlft_rewards::RewardKind::Model(m) = &spec.kind else {
+            continue;
+        };
+        let path = std::path::Path::new(&m.path);
+        let adapter = path.join(rlft_model::peft::ADAPTER_CONFIG);
+        let (meta, headless) = if adapter.is_file() {
+            let base = match &m.base {
+                Some(b) if b == &cfg.args.model => policy.to_path_buf(),
+                Some(b) => b.into(),
+                None => adapter_base(&adapter)?,
+            };
+            (load_metadata(&base)?, false)
+        } else {
+            (load_metadata(path)?, true)
+        };
+        let mut tokens = lengths.prompt_tokens + cfg.max_completion_length;
+        if m.max_length > 0 {
+            tokens = tokens.min(m.max_length);
+        }
+        out.push(ModelRewardShape {
+            name: spec.display_name().to_string(),
+            model: CriticShape {
+                dims: ModelDims::from_config(&meta.config),
+                headless,
+                source_file_bytes: meta.largest_file_bytes,
+                decode_block_bytes: meta.decode_block_bytes,
+            },
+            batch_size: m.batch_size,
+            tokens,
+        });
+    }
+    Ok(out)
+}
+
+/// An adapter's `base_model_name_or_path`.
+fn adapter_base(adapter_config: &std::path::Path) -> Result<std::path::PathBuf, PlanError> {
+    let bad = |m: String| PlanError::Invalid(format!("{}: {m}", adapter_config.display()));
+    let text = std::fs::read_to_string(adapter_config).map_err(|e| bad(e.to_string()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    v.get("base_model_name_or_path")
+        .and_then(|b| b.as_str())
+        .map(std::path::PathBuf::from)
+        .ok_or_else(|| {
+            bad("names no base model (base_model_name_or_path); give the reward's `base`".into())
+        })
+}
+
 /// PPO's critic of an online config: none without `value_model`; the policy's shape and files
 /// (`policy`) when `value_model` names the policy's `model`, as `grpo::setup::prepare` loads it
 /// then; else `value_model`'s own config (a causal LM, or a `*ForSequenceClassification`
@@ -236,6 +482,7 @@ pub fn run_shape_grpo(
     cfg: &GrpoConfig,
     lengths: &GrpoLengths,
     critic: Option<CriticShape>,
+    reward_models: Vec<ModelRewardShape>,
 ) -> Result<RunShape, PlanError> {
     let plan = cfg.plan(1);
     let passes = crate::grpo::setup::passes(cfg, &plan);
@@ -254,8 +501,26 @@ pub fn run_shape_grpo(
             ..e
         }),
         critic,
+        reward_models,
+        online_dpo: false,
     });
     run_shape(&cfg.args, workload)
+}
+
+/// The run shape of an Online DPO config: its online view ([`OnlineDpoConfig::online`]: two
+/// completions per prompt, micro-batches of `2 x per_device_train_batch_size` completions in
+/// shared-prompt passes, a reference pass, a frozen copy with full fine-tuning) with the
+/// lengths [`grpo_lengths`] reads for that view.
+pub fn run_shape_online_dpo(
+    cfg: &OnlineDpoConfig,
+    lengths: &GrpoLengths,
+    reward_models: Vec<ModelRewardShape>,
+) -> Result<RunShape, PlanError> {
+    let mut run = run_shape_grpo(&cfg.online(), lengths, None, reward_models)?;
+    if let Workload::Grpo(g) = &mut run.workload {
+        g.online_dpo = true;
+    }
+    Ok(run)
 }
 
 /// The run shape of an SFT config with its example lengths.

@@ -9,7 +9,8 @@
 //! | `critic_load` | PPO: the policy loaded, the critic's file (and GGUF blocks) being read, or its trainable copies being made |
 //! | `eval` | GRPO eval generation: KV caches of 16 prompts (bf16 LoRA: the merged rollout copy) |
 //! | `generate` | KV caches of every completion of a rollout (bf16 LoRA: the merged copy) |
-//! | `score` | a no-grad log-prob pass (GRPO reference / old policy, SFT eval loss) |
+//! | `reward` | `[[rewards]] type = "model"`: a reward model's no-grad scoring pass ([`reward`]) |
+//! | `score` | a no-grad log-prob pass (GRPO / Online DPO reference or old policy, DPO reference or eval, SFT eval loss, reward-model eval scores) |
 //! | `values` | PPO: the critic's no-grad value pass over a micro-batch of completions |
 //! | `update` | gradients (the micro-batch's and the accumulated sums; one set with a single f32 micro-batch), one micro-batch's activations (PPO: the policy's and the critic's) |
 //! | `checkpoint` | a copy of the optimizer state, each tensor's write buffers |
@@ -31,6 +32,8 @@
 pub mod activations;
 pub mod critic;
 pub mod inputs;
+pub mod preference;
+pub mod reward;
 pub mod suggest;
 
 use serde::Serialize;
@@ -41,7 +44,12 @@ pub use activations::{
     head_kernel, Activations, HeadKernel, Kernels, Part, Pass, SavedTensor, Sized,
 };
 pub use critic::CriticShape;
-pub use inputs::{critic_shape, grpo_lengths, run_shape_grpo, run_shape_sft, sft_lengths};
+pub use inputs::{
+    critic_shape, dpo_lengths, grpo_lengths, model_rewards, reward_model_lengths, run_shape_dpo,
+    run_shape_grpo, run_shape_online_dpo, run_shape_reward_model, run_shape_sft, sft_lengths,
+};
+pub use preference::{DpoReference, DpoShape, RewardModelShape};
+pub use reward::ModelRewardShape;
 pub use suggest::{suggest, Suggestion};
 
 /// Plan errors; each says what to fix.
@@ -248,6 +256,11 @@ pub struct GrpoShape {
     pub eval: Option<EvalPrompts>,
     /// PPO's critic (`advantage_estimator = "gae"`, `value_model`).
     pub critic: Option<CriticShape>,
+    /// `[[rewards]] type = "model"`: reward models scoring each rollout.
+    pub reward_models: Vec<ModelRewardShape>,
+    /// Online DPO (`OnlineDpoConfig::online`): groups of two completions, and the config's
+    /// `per_device_train_batch_size` counts prompts (half the completions of a micro-batch).
+    pub online_dpo: bool,
 }
 
 /// Eval prompts of a GRPO run.
@@ -276,6 +289,10 @@ pub enum Workload {
     Grpo(GrpoShape),
     /// `rlft sft`.
     Sft(SftShape),
+    /// `rlft dpo`.
+    Dpo(DpoShape),
+    /// `rlft reward-model`.
+    RewardModel(RewardModelShape),
 }
 
 /// Everything about a run that its memory depends on.
@@ -291,7 +308,7 @@ pub struct RunShape {
     pub accumulation: usize,
     /// `gradient_checkpointing`: layer inputs kept, layers recomputed in the backward.
     pub gradient_checkpointing: bool,
-    /// GRPO or SFT.
+    /// The trainer and its shapes.
     pub workload: Workload,
 }
 
@@ -311,6 +328,15 @@ impl RunShape {
             Kernels::Composite
         } else {
             Kernels::Fused
+        }
+    }
+
+    /// The head the update reads: the LM head for the kernels, the score head for the reward
+    /// model.
+    pub fn head(&self) -> HeadKernel {
+        match self.workload {
+            Workload::RewardModel(_) => HeadKernel::Score,
+            _ => head_kernel(self.kernels()),
         }
     }
 
@@ -372,6 +398,11 @@ impl RunShape {
                 }];
                 (passes, b * t, None)
             }
+            Workload::Dpo(d) => preference::dpo_passes(b, d),
+            Workload::RewardModel(r) => {
+                let (passes, rows) = preference::reward_model_passes(b, r);
+                (passes, rows, None)
+            }
         }
     }
 }
@@ -401,6 +432,8 @@ pub enum Phase {
     Eval,
     /// GRPO rollout generation.
     Generate,
+    /// Scoring a rollout with reward models (`[[rewards]] type = "model"`).
+    Reward,
     /// No-grad log-prob passes.
     Score,
     /// PPO: the critic's no-grad value pass.
@@ -423,6 +456,7 @@ impl Phase {
             Phase::CriticLoad => "critic_load",
             Phase::Eval => "eval",
             Phase::Generate => "generate",
+            Phase::Reward => "reward",
             Phase::Score => "score",
             Phase::Values => "values",
             Phase::Update => "update",
@@ -505,11 +539,12 @@ impl Plan {
     }
 }
 
-const ALL: [Phase; 10] = [
+const ALL: [Phase; 11] = [
     Phase::Load,
     Phase::CriticLoad,
     Phase::Eval,
     Phase::Generate,
+    Phase::Reward,
     Phase::Score,
     Phase::Values,
     Phase::Update,
@@ -518,10 +553,11 @@ const ALL: [Phase; 10] = [
     Phase::CriticExport,
 ];
 /// Every phase once the policy is loaded (PPO's critic loads next).
-const AFTER_POLICY_LOAD: [Phase; 9] = [
+const AFTER_POLICY_LOAD: [Phase; 10] = [
     Phase::CriticLoad,
     Phase::Eval,
     Phase::Generate,
+    Phase::Reward,
     Phase::Score,
     Phase::Values,
     Phase::Update,
@@ -530,9 +566,10 @@ const AFTER_POLICY_LOAD: [Phase; 9] = [
     Phase::CriticExport,
 ];
 /// Every phase once the models are loaded (the optimizer exists).
-const AFTER_LOAD: [Phase; 8] = [
+const AFTER_LOAD: [Phase; 9] = [
     Phase::Eval,
     Phase::Generate,
+    Phase::Reward,
     Phase::Score,
     Phase::Values,
     Phase::Update,
@@ -681,6 +718,12 @@ pub fn generation(
 /// - LoRA export (and bf16 rollout/eval): the merged copy of the adapted weights;
 /// - PPO's critic: its weights, trainable parameters, AdamW state, gradients, value pass,
 ///   activations, checkpoint and export buffers ([`critic::components`]);
+/// - DPO: a reference copy `P x w` with full fine-tuning (not with
+///   `precompute_ref_log_probs`), micro-batches of pairs sharing each prompt pass
+///   ([`preference::dpo_passes`]); the reward model: no LM head, a `[1, hidden]` score head
+///   ([`preference::model_tensors`], [`preference::reward_model_passes`]);
+/// - `[[rewards]] type = "model"`: the reward models' weights and scoring pass
+///   ([`reward::components`]);
 /// - rollout KV caches: `prompts x G x L x 2 x kv_heads x head_dim x (prompt + completion) x
 ///   4` (f32) or x 2 (bf16), see [`generation`];
 /// - activations: [`activations::activations`].
@@ -699,10 +742,11 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
         )));
     }
     let w = run.weight_bytes();
-    let p = dims.num_parameters();
-    let t = run.tuning.trainable_params(dims);
-    let weight_elems = weight_tensors(dims);
-    let trainable_elems = trainable_tensors(dims, &run.tuning);
+    let reward_model = matches!(run.workload, Workload::RewardModel(_));
+    let (weight_elems, trainable_elems) =
+        preference::model_tensors(dims, &run.tuning, reward_model);
+    let p = weight_elems.iter().sum::<u64>() as usize;
+    let t = trainable_elems.iter().sum::<u64>() as usize;
     let full = matches!(run.tuning, Tuning::Full);
     let dtype = if run.bf16 { "bf16" } else { "f32" };
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
@@ -732,7 +776,15 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
         "weights",
         "policy weights".into(),
         weights,
-        format!("{} params x {dtype}", count(p)),
+        if reward_model {
+            format!(
+                "{} params x {dtype}: the backbone (no LM head) and the score head [1, {}]",
+                count(p),
+                dims.hidden
+            )
+        } else {
+            format!("{} params x {dtype}", count(p))
+        },
         &ALL,
     );
     // Loading: the source file and the largest tensor's f32 conversion; with full fine-tuning
@@ -784,10 +836,15 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
         Tuning::Lora(l) => (
             "trainable copies (LoRA adapters)".to_string(),
             format!(
-                "r={} on {} modules x {} layers: {} params x f32",
+                "r={} on {} modules x {} layers{}: {} params x f32",
                 l.r,
                 l.modules.len(),
                 dims.layers,
+                if reward_model {
+                    " + the score head"
+                } else {
+                    ""
+                },
                 count(t)
             ),
             tensors(&trainable_elems, 4),
@@ -864,7 +921,31 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
             "beta = 0: none".into(),
             &AFTER_LOAD,
         ),
-        (Workload::Sft(_), _) => {}
+        (Workload::Dpo(d), _) => {
+            let (size, detail) = match d.reference {
+                DpoReference::Copy => (
+                    weights,
+                    "full fine-tuning: a frozen copy of the starting weights, kept",
+                ),
+                DpoReference::AdaptersOff => (
+                    Sized::default(),
+                    "LoRA: the base with adapters off, no copy",
+                ),
+                DpoReference::Precomputed => (
+                    Sized::default(),
+                    "precompute_ref_log_probs: log-probs computed before training, no model \
+                     kept (a full fine-tuning copy is freed before the optimizer exists)",
+                ),
+            };
+            add(
+                "reference",
+                "reference model".into(),
+                size,
+                detail.into(),
+                &AFTER_POLICY_LOAD,
+            )
+        }
+        (Workload::Sft(_) | Workload::RewardModel(_), _) => {}
     }
     let merged_elems: Vec<u64> = match &run.tuning {
         Tuning::Full => Vec::new(),
@@ -952,14 +1033,14 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
                 );
             }
         }
-        Workload::Sft(_) if !merged_elems.is_empty() => add(
+        _ if !merged_elems.is_empty() => add(
             "rollout_model",
             "merged model (export)".into(),
             merge,
             "the final export merges the adapters into a copy".into(),
             &[Phase::Export],
         ),
-        Workload::Sft(_) => {}
+        _ => {}
     }
     let (passes, head_rows, shared) = run.micro_batch_passes();
     let temperature_scaled = matches!(&run.workload, Workload::Grpo(g) if g.temperature_scaled);
@@ -967,7 +1048,7 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
         dims,
         &run.tuning,
         run.kernels(),
-        head_kernel(run.kernels()),
+        run.head(),
         &activations::MicroBatch {
             passes: &passes,
             head_rows,
@@ -982,32 +1063,38 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
         "activations".into(),
         acts.total,
         format!(
-            "micro-batch of {}: {tokens} tokens x {} layers{} + LM head over {head_rows} rows",
+            "micro-batch of {} {}: {tokens} tokens x {} layers{} + {} head over {head_rows} rows",
             run.micro_batch,
+            match run.workload {
+                Workload::Dpo(_) | Workload::RewardModel(_) => "pairs",
+                Workload::Sft(_) => "examples",
+                Workload::Grpo(_) => "completions",
+            },
             dims.layers,
             if run.gradient_checkpointing {
                 " (checkpointed: layer inputs + one layer)"
             } else {
                 ""
-            }
+            },
+            if reward_model { "score" } else { "LM" }
         ),
         &[Phase::Update],
     );
     let scored = match &run.workload {
         Workload::Grpo(g) => (g.reference || g.old_logprobs).then_some("reference/old log-probs"),
         Workload::Sft(s) => s.eval.then_some("eval loss"),
+        Workload::Dpo(d) => Some(match (d.reference, d.eval) {
+            (DpoReference::Precomputed, false) => "reference log-probs (precomputed)",
+            (DpoReference::Precomputed, true) => "reference log-probs (precomputed), eval",
+            _ => "reference log-probs",
+        }),
+        Workload::RewardModel(r) => r.eval.then_some("eval scores"),
     };
     if let Some(what) = scored {
         add(
             "logprob_pass",
             "no-grad log-prob pass".into(),
-            activations::no_grad_pass(
-                dims,
-                run.kernels(),
-                head_kernel(run.kernels()),
-                &passes,
-                head_rows,
-            ),
+            activations::no_grad_pass(dims, run.kernels(), run.head(), &passes, head_rows),
             format!("{what}: a micro-batch's forward without graph"),
             &[Phase::Score],
         );
@@ -1052,7 +1139,18 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
             .critic
             .as_ref()
             .map(|k| critic::components(k, run, g, &acts)),
-        Workload::Sft(_) => None,
+        _ => None,
+    };
+    let reward_models = match &run.workload {
+        Workload::Grpo(g) if !g.reward_models.is_empty() => {
+            c.extend(reward::components(
+                &g.reward_models,
+                run,
+                g.rollout_completions,
+            ));
+            true
+        }
+        _ => false,
     };
     let critic_activations = critic.map(|(parts, a)| {
         c.extend(parts);
@@ -1066,6 +1164,7 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
                 matches!(&run.workload, Workload::Grpo(g) if g.eval.is_some())
             }
             Phase::Generate => matches!(run.workload, Workload::Grpo(_)),
+            Phase::Reward => reward_models,
             Phase::Score => scored.is_some(),
             _ => true,
         })
@@ -1134,3 +1233,5 @@ pub fn estimate(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<P
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_preference;

@@ -3,7 +3,10 @@
 
 use serde::Serialize;
 
-use super::{estimate, Environment, LoraShape, ModelDims, PlanError, RunShape, Tuning, Workload};
+use super::{
+    estimate, DpoReference, Environment, LoraShape, ModelDims, PlanError, RunShape, Tuning,
+    Workload,
+};
 
 /// A change to the config and what it predicts.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -33,10 +36,12 @@ fn lever(run: &RunShape, which: usize) -> Vec<Candidate> {
     match which {
         // Smaller micro-batches, more accumulation: the same optimiser batch.
         0 => {
-            let (b, a) = (run.micro_batch, run.accumulation);
+            // Online DPO's key counts prompts, each of two completions.
+            let per = if online_dpo(run) { 2 } else { 1 };
+            let (b, a) = (run.micro_batch / per, run.accumulation);
             for d in (1..b).rev().filter(|d| b % d == 0) {
                 let mut r = run.clone();
-                r.micro_batch = d;
+                r.micro_batch = d * per;
                 r.accumulation = a * (b / d);
                 out.push(Candidate {
                     change: format!(
@@ -57,7 +62,7 @@ fn lever(run: &RunShape, which: usize) -> Vec<Candidate> {
         // One prompt pass per group (same log-probs and gradients, fewer tokens).
         1 => {
             if let Workload::Grpo(g) = &run.workload {
-                if !g.share_prompts {
+                if !g.share_prompts && !g.online_dpo {
                     let mut r = run.clone();
                     if let Workload::Grpo(g) = &mut r.workload {
                         g.share_prompts = true;
@@ -123,8 +128,25 @@ fn lever(run: &RunShape, which: usize) -> Vec<Candidate> {
         }
         // No KL term: no reference copy with full fine-tuning.
         5 => {
+            if let Workload::Dpo(d) = &run.workload {
+                if d.reference == DpoReference::Copy {
+                    let mut r = run.clone();
+                    if let Workload::Dpo(d) = &mut r.workload {
+                        d.reference = DpoReference::Precomputed;
+                    }
+                    out.push(Candidate {
+                        change: "precompute_ref_log_probs = true (the reference's log-probs \
+                                 before training, no frozen copy kept)"
+                            .into(),
+                        sets: vec!["precompute_ref_log_probs=true".into()],
+                        run: r,
+                        changes_training: false,
+                    });
+                }
+            }
             if let Workload::Grpo(g) = &run.workload {
-                if g.reference && matches!(run.tuning, Tuning::Full) {
+                // Online DPO needs beta > 0.
+                if g.reference && !g.online_dpo && matches!(run.tuning, Tuning::Full) {
                     let mut r = run.clone();
                     if let Workload::Grpo(g) = &mut r.workload {
                         g.reference = false;
@@ -148,8 +170,20 @@ fn lever(run: &RunShape, which: usize) -> Vec<Candidate> {
                         g.completion_tokens = c;
                     }
                     out.push(Candidate {
-                        change: format!("max_completion_length {} -> {c}", g.completion_tokens),
-                        sets: vec![format!("max_completion_length={c}")],
+                        change: format!(
+                            "{} {} -> {c}",
+                            if g.online_dpo {
+                                "max_new_tokens"
+                            } else {
+                                "max_completion_length"
+                            },
+                            g.completion_tokens
+                        ),
+                        sets: vec![if g.online_dpo {
+                            format!("max_new_tokens={c}")
+                        } else {
+                            format!("max_completion_length={c}")
+                        }],
                         run: r,
                         changes_training: true,
                     });
@@ -175,6 +209,8 @@ fn lever(run: &RunShape, which: usize) -> Vec<Candidate> {
                     t /= 2;
                 }
             }
+            // Shorter DPO / reward-model lengths cut or drop pairs: not tried.
+            Workload::Dpo(_) | Workload::RewardModel(_) => {}
         },
         _ => {}
     }
@@ -182,6 +218,10 @@ fn lever(run: &RunShape, which: usize) -> Vec<Candidate> {
 }
 
 const LEVERS: usize = 7;
+
+fn online_dpo(run: &RunShape) -> bool {
+    matches!(&run.workload, Workload::Grpo(g) if g.online_dpo)
+}
 
 fn total(dims: &ModelDims, run: &RunShape, env: &Environment) -> Result<u64, PlanError> {
     Ok(estimate(dims, run, env)?.total_bytes)

@@ -5,7 +5,7 @@ use super::*;
 
 /// vocab 512, hidden 64, intermediate 128, 2 layers, 4 heads / 2 kv heads of 16: q_dim 64,
 /// kv_dim 32; tied embeddings, no biases, no q/k norms.
-fn tiny() -> ModelDims {
+pub(super) fn tiny() -> ModelDims {
     ModelDims {
         vocab: 512,
         hidden: 64,
@@ -22,7 +22,7 @@ fn tiny() -> ModelDims {
     }
 }
 
-fn lora_qv() -> Tuning {
+pub(super) fn lora_qv() -> Tuning {
     Tuning::Lora(LoraShape {
         r: 4,
         modules: vec!["self_attn.q_proj", "self_attn.v_proj"],
@@ -44,7 +44,7 @@ fn sft(tuning: Tuning, micro: usize, example_tokens: usize) -> RunShape {
     }
 }
 
-const ENV: Environment = Environment {
+pub(super) const ENV: Environment = Environment {
     baseline_bytes: 1_000_000,
     source_file_bytes: 1_000,
     decode_block_bytes: 0,
@@ -218,7 +218,7 @@ fn full_fine_tuning_keeps_copies() {
     assert_eq!(b.activations.head, HeadKernel::Chunked);
 }
 
-fn grpo(micro: usize, share: bool, beta: bool) -> RunShape {
+pub(super) fn grpo(micro: usize, share: bool, beta: bool) -> RunShape {
     RunShape {
         bf16: false,
         tuning: Tuning::Full,
@@ -237,6 +237,8 @@ fn grpo(micro: usize, share: bool, beta: bool) -> RunShape {
             temperature_scaled: false,
             eval: None,
             critic: None,
+            reward_models: Vec::new(),
+            online_dpo: false,
         }),
     }
 }
@@ -516,6 +518,8 @@ fn ppo(tuning: Tuning, critic_dims: ModelDims, headless: bool) -> RunShape {
                 source_file_bytes: 1_000,
                 decode_block_bytes: 0,
             }),
+            reward_models: Vec::new(),
+            online_dpo: false,
         }),
     }
 }

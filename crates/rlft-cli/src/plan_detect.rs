@@ -1,0 +1,277 @@
+//! Which trainer a config is for, told by its keys when only one trainer takes them all
+//! (`rlft plan --config X.toml` without a trainer).
+//!
+//! Every trainer rejects keys it does not know, so a config fits the trainers whose keys
+//! (with the shared [`TRAINING_KEYS`]) include all of its own; a key no trainer knows is left
+//! to the config loader's "did you mean" error. Values narrow further: a `loss_type` that
+//! names a DPO loss ("sigmoid", "ipo"...) is DPO's or Online DPO's, any other the online
+//! trainers'; Online DPO needs `[[rewards]]`. Within the online family (GRPO, RLOO, PPO, one
+//! key set) the estimator decides. When more than one trainer is left (an SFT config with
+//! only `max_length` fits DPO and the reward model too), the error lists them and asks for
+//! the trainer.
+
+use anyhow::{bail, Result};
+use rlft::algo::dpo_loss::DpoLossType;
+use rlft::config::args::TRAINING_KEYS;
+use rlft::config::dpo::DPO_KEYS;
+use rlft::config::grpo::{ALIASES, GRPO_KEYS};
+use rlft::config::online::ONLINE_ALIASES;
+use rlft::config::online_dpo::ONLINE_DPO_KEYS;
+use rlft::config::reward::REWARD_KEYS;
+use rlft::config::sft::SFT_KEYS;
+
+use crate::plan_cmd::Trainer;
+
+/// Keys only PPO's critic reads (canonical and aliases): a config with one is for `rlft ppo`.
+const CRITIC_KEYS: &[&str] = &[
+    "value_model",
+    "critic_pretrain",
+    "vf_coef",
+    "cliprange_value",
+    "value_clip",
+    "whiten_rewards",
+    "lam",
+    "lambd",
+];
+
+/// The trainers whose configs differ in keys (GRPO, RLOO and PPO share one set).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    Online,
+    Sft,
+    Dpo,
+    RewardModel,
+    OnlineDpo,
+}
+
+const FAMILIES: [Family; 5] = [
+    Family::Online,
+    Family::Sft,
+    Family::Dpo,
+    Family::RewardModel,
+    Family::OnlineDpo,
+];
+
+impl Family {
+    /// Whether this trainer's config takes `k` at the top level.
+    fn takes(self, k: &str) -> bool {
+        TRAINING_KEYS.contains(&k)
+            || match self {
+                Family::Online => {
+                    GRPO_KEYS.contains(&k)
+                        || ALIASES
+                            .iter()
+                            .chain(ONLINE_ALIASES)
+                            .any(|(a, _, _)| *a == k)
+                        || CRITIC_KEYS.contains(&k)
+                        || matches!(
+                            k,
+                            "rollout_batch_size"
+                                | "train_batch_size"
+                                | "num_mini_batches"
+                                | "normalize_advantages"
+                        )
+                }
+                Family::Sft => SFT_KEYS.contains(&k),
+                Family::Dpo => DPO_KEYS.contains(&k),
+                Family::RewardModel => REWARD_KEYS.contains(&k),
+                Family::OnlineDpo => ONLINE_DPO_KEYS.contains(&k),
+            }
+    }
+
+    /// How the error names it.
+    fn command(self) -> &'static str {
+        match self {
+            Family::Online => "grpo (or rloo, ppo)",
+            Family::Sft => "sft",
+            Family::Dpo => "dpo",
+            Family::RewardModel => "reward-model",
+            Family::OnlineDpo => "online-dpo",
+        }
+    }
+}
+
+/// Whether `v` (a name or a list of names) names DPO losses only.
+fn dpo_losses(v: &toml::Value) -> bool {
+    let one = |v: &toml::Value| v.as_str().is_some_and(|s| s.parse::<DpoLossType>().is_ok());
+    match v {
+        toml::Value::Array(a) => !a.is_empty() && a.iter().all(one),
+        other => one(other),
+    }
+}
+
+/// The trainer of `table` (see the module docs).
+pub fn detect(table: &toml::Table) -> Result<Trainer> {
+    let keys: Vec<&str> = table
+        .keys()
+        .map(String::as_str)
+        .filter(|k| FAMILIES.iter().any(|f| f.takes(k)))
+        .collect();
+    let dpo_loss = table.get("loss_type").map(dpo_losses);
+    let fits: Vec<Family> = FAMILIES
+        .into_iter()
+        .filter(|f| keys.iter().all(|k| f.takes(k)))
+        .filter(|f| {
+            !matches!(
+                (f, dpo_loss),
+                (Family::Online, Some(true)) | (Family::Dpo | Family::OnlineDpo, Some(false))
+            )
+        })
+        .filter(|f| *f != Family::OnlineDpo || table.contains_key("rewards"))
+        .collect();
+    match fits.as_slice() {
+        [Family::Online] => Ok(online(table, &keys)),
+        [Family::Sft] => Ok(Trainer::Sft),
+        [Family::Dpo] => Ok(Trainer::Dpo),
+        [Family::RewardModel] => Ok(Trainer::RewardModel),
+        [Family::OnlineDpo] => Ok(Trainer::OnlineDpo),
+        [] => bail!(
+            "no trainer takes all of this config's keys ({}); say which trainer it is for: \
+             `rlft plan grpo --config ...` (or rloo, ppo, sft, dpo, reward-model, online-dpo), \
+             and its loader names the key that does not belong",
+            keys.join(", ")
+        ),
+        many => bail!(
+            "cannot tell which trainer this config is for: its keys fit {}; say which: {}",
+            many.iter()
+                .map(|f| f.command())
+                .collect::<Vec<_>>()
+                .join(", "),
+            many.iter()
+                .map(|f| format!(
+                    "`rlft plan {} --config ...`",
+                    f.command().split(' ').next().unwrap_or("grpo")
+                ))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        ),
+    }
+}
+
+/// GRPO, RLOO or PPO by the estimator (`advantage_estimator`, else a critic key for PPO,
+/// `normalize_advantages` for RLOO).
+fn online(table: &toml::Table, keys: &[&str]) -> Trainer {
+    match table.get("advantage_estimator").and_then(|v| v.as_str()) {
+        Some("gae") => Trainer::Ppo,
+        Some("rloo") => Trainer::Rloo,
+        Some(_) => Trainer::Grpo,
+        None if keys.iter().any(|k| CRITIC_KEYS.contains(k)) => Trainer::Ppo,
+        None if keys.contains(&"normalize_advantages") => Trainer::Rloo,
+        None => Trainer::Grpo,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlft::config::read_table;
+
+    fn t(text: &str) -> Result<Trainer> {
+        detect(&text.parse().unwrap())
+    }
+
+    #[test]
+    fn detects_the_trainer_from_keys() {
+        assert_eq!(
+            t("num_generations = 4\ndataset = 'd'").unwrap(),
+            Trainer::Grpo
+        );
+        assert_eq!(t("rollout_batch_size = 2").unwrap(), Trainer::Grpo);
+        assert_eq!(t("max_length = 64\npacking = false").unwrap(), Trainer::Sft);
+        // Keys every trainer takes: the error names the commands.
+        let e = t("dataset = 'd'\nlearning_rate = 1e-5").unwrap_err();
+        assert!(e.to_string().contains("rlft plan grpo"), "{e}");
+        // max_length alone fits SFT, DPO and the reward model.
+        let e = t("max_length = 64\nuse_peft = true")
+            .unwrap_err()
+            .to_string();
+        for c in [
+            "`rlft plan sft ",
+            "`rlft plan dpo ",
+            "`rlft plan reward-model ",
+        ] {
+            assert!(e.contains(c), "{e}");
+        }
+        assert!(!e.contains("online-dpo"), "no rewards: {e}");
+        // The online family: the estimator, else a critic key (ppo) or RLOO's own key.
+        assert_eq!(t("advantage_estimator = 'gae'").unwrap(), Trainer::Ppo);
+        assert_eq!(t("advantage_estimator = 'rloo'").unwrap(), Trainer::Rloo);
+        assert_eq!(
+            t("advantage_estimator = 'reinforce_baseline'\nvf_coef = 0.1").unwrap(),
+            Trainer::Grpo
+        );
+        assert_eq!(t("kl_coef = 0.0\nvf_coef = 0.1").unwrap(), Trainer::Ppo);
+        assert_eq!(t("normalize_advantages = false").unwrap(), Trainer::Rloo);
+        assert_eq!(
+            t("kl_coef = 0.05\nnum_generations = 4").unwrap(),
+            Trainer::Grpo
+        );
+    }
+
+    #[test]
+    fn detects_the_preference_trainers() {
+        // beta + max_length: only DPO takes both (Online DPO would need rewards).
+        assert_eq!(t("max_length = 64\nbeta = 0.1").unwrap(), Trainer::Dpo);
+        assert_eq!(t("precompute_ref_log_probs = true").unwrap(), Trainer::Dpo);
+        // A DPO loss name is not GRPO's: beta alone is ambiguous, with loss_type it is DPO.
+        assert!(t("beta = 0.1").is_err());
+        assert_eq!(t("beta = 0.1\nloss_type = 'ipo'").unwrap(), Trainer::Dpo);
+        assert_eq!(
+            t("loss_type = ['sigmoid', 'sft']\nloss_weights = [1.0, 0.1]").unwrap(),
+            Trainer::Dpo
+        );
+        assert_eq!(t("beta = 0.1\nloss_type = 'dapo'").unwrap(), Trainer::Grpo);
+        assert_eq!(
+            t("center_rewards_coefficient = 0.01").unwrap(),
+            Trainer::RewardModel
+        );
+        assert_eq!(t("score_init = 'zeros'").unwrap(), Trainer::RewardModel);
+        let rewards = "\n[[rewards]]\ntype = 'boxed_accuracy'\n";
+        // missing_eos_penalty is GRPO's key too: with rewards alone, either.
+        let e = t(&format!("missing_eos_penalty = 1.0{rewards}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`rlft plan grpo") && e.contains("`rlft plan online-dpo "),
+            "{e}"
+        );
+        assert_eq!(
+            t(&format!("max_new_tokens = 32\nbeta = 0.1{rewards}")).unwrap(),
+            Trainer::OnlineDpo
+        );
+        // With num_generations it is an online (GRPO) config.
+        assert_eq!(
+            t(&format!("num_generations = 4\nbeta = 0.1{rewards}")).unwrap(),
+            Trainer::Grpo
+        );
+    }
+
+    #[test]
+    fn detects_the_example_configs() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        for (file, want) in [
+            ("tiny_python_expr/cpu.toml", Some(Trainer::Grpo)),
+            ("tiny_python_expr/cpu_rloo.toml", Some(Trainer::Rloo)),
+            ("tiny_python_expr/cpu_ppo.toml", Some(Trainer::Ppo)),
+            (
+                "tiny_python_expr/cpu_reinforce_baseline.toml",
+                Some(Trainer::Grpo),
+            ),
+            ("tiny_python_expr/cpu_dpo.toml", Some(Trainer::Dpo)),
+            (
+                "tiny_python_expr/cpu_online_dpo.toml",
+                Some(Trainer::OnlineDpo),
+            ),
+            ("preference/rm.toml", Some(Trainer::RewardModel)),
+            ("preference/grpo_rm.toml", Some(Trainer::Grpo)),
+            // beta and shared keys only: GRPO or DPO.
+            ("preference/dpo.toml", None),
+        ] {
+            let got = detect(&read_table(&root.join(file)).unwrap());
+            match want {
+                Some(w) => assert_eq!(got.unwrap(), w, "{file}"),
+                None => assert!(got.is_err(), "{file}: {got:?}"),
+            }
+        }
+    }
+}
