@@ -99,7 +99,7 @@ fn backward<T: Real>(
         let mut sum = vec![zero; h];
         for p in &partial {
             for (s, &v) in sum.iter_mut().zip(p) {
-                *s = *s + v;
+                *s += v;
             }
         }
         sum
