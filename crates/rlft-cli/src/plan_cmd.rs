@@ -164,6 +164,22 @@ fn critic(
     }
 }
 
+/// The run's lengths from its dataset (unless `worst_case`), else from the config's `limit`
+/// with a note saying why.
+fn lengths<L>(
+    worst_case: bool,
+    limit: &str,
+    notes: &mut Vec<String>,
+    of: impl Fn(bool) -> Result<L, rlft::plan::PlanError>,
+) -> Result<L, rlft::plan::PlanError> {
+    of(!worst_case).or_else(|e| {
+        notes.push(format!(
+            "the dataset could not be read ({e}); planned for {limit}"
+        ));
+        of(false)
+    })
+}
+
 /// Runs `rlft plan`.
 pub fn run(a: PlanArgs) -> Result<()> {
     let mut table = read_table(&a.config)?;
@@ -188,15 +204,9 @@ pub fn run(a: PlanArgs) -> Result<()> {
                 _ => GrpoConfig::load(&a.config, &a.set)?,
             };
             let (model_path, meta) = model(&cfg.args.model)?;
-            let l = match grpo_lengths(&cfg, &meta.text, !a.worst_case) {
-                Ok(l) => l,
-                Err(e) => {
-                    notes.push(format!(
-                        "the dataset could not be read ({e}); planned for max_prompt_length"
-                    ));
-                    grpo_lengths(&cfg, &meta.text, false)?
-                }
-            };
+            let l = lengths(a.worst_case, "max_prompt_length", &mut notes, |from_data| {
+                grpo_lengths(&cfg, &meta.text, from_data)
+            })?;
             let rewards = match model_rewards(&cfg, &model_path, &l) {
                 Ok(r) => r,
                 Err(e) => {
@@ -216,43 +226,25 @@ pub fn run(a: PlanArgs) -> Result<()> {
         Trainer::Sft => {
             let cfg = SftConfig::load(&a.config, &a.set)?;
             let (model_path, meta) = model(&cfg.args.model)?;
-            let l = match sft_lengths(&cfg, &meta.text, !a.worst_case) {
-                Ok(l) => l,
-                Err(e) => {
-                    notes.push(format!(
-                        "the dataset could not be read ({e}); planned for max_length"
-                    ));
-                    sft_lengths(&cfg, &meta.text, false)?
-                }
-            };
+            let l = lengths(a.worst_case, "max_length", &mut notes, |from_data| {
+                sft_lengths(&cfg, &meta.text, from_data)
+            })?;
             (run_shape_sft(&cfg, &l)?, Lengths::Sft(l), model_path, meta)
         }
         Trainer::Dpo => {
             let cfg = DpoConfig::load(&a.config, &a.set)?;
             let (model_path, meta) = model(&cfg.args.model)?;
-            let l = match dpo_lengths(&cfg, &meta.text, !a.worst_case) {
-                Ok(l) => l,
-                Err(e) => {
-                    notes.push(format!(
-                        "the dataset could not be read ({e}); planned for max_length"
-                    ));
-                    dpo_lengths(&cfg, &meta.text, false)?
-                }
-            };
+            let l = lengths(a.worst_case, "max_length", &mut notes, |from_data| {
+                dpo_lengths(&cfg, &meta.text, from_data)
+            })?;
             (run_shape_dpo(&cfg, &l)?, Lengths::Dpo(l), model_path, meta)
         }
         Trainer::RewardModel => {
             let cfg = RewardConfig::load(&a.config, &a.set)?;
             let (model_path, meta) = model(&cfg.args.model)?;
-            let l = match reward_model_lengths(&cfg, &meta.text, !a.worst_case) {
-                Ok(l) => l,
-                Err(e) => {
-                    notes.push(format!(
-                        "the dataset could not be read ({e}); planned for max_length"
-                    ));
-                    reward_model_lengths(&cfg, &meta.text, false)?
-                }
-            };
+            let l = lengths(a.worst_case, "max_length", &mut notes, |from_data| {
+                reward_model_lengths(&cfg, &meta.text, from_data)
+            })?;
             let run = run_shape_reward_model(&cfg, &l)?;
             (run, Lengths::RewardModel(l), model_path, meta)
         }
