@@ -12,6 +12,7 @@
 #   PROMPTS, PROMPT_TEST  GRPO prompts: train, test (128, 200)
 #   DEVICE                cpu | cuda | cuda:N (cpu)
 #   STEPS                 which steps to run (all: data rm score dpo grpo eval)
+#   RLFT                  the rlft binary (./target/release/rlft, built if missing)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -28,16 +29,20 @@ ART=$EX/artifacts
 SYSTEM="You are a careful arithmetic assistant. Solve the expression and respond briefly. Return the final result in the format \\boxed{answer}. Do not add unnecessary explanation."
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
-if [[ ! -x ./target/release/rlft ]]; then
+RLFT=${RLFT:-./target/release/rlft}
+if [[ $RLFT == ./target/release/rlft && ! -x $RLFT ]]; then
   cargo build --release -p rlft-cli
 fi
-RLFT=./target/release/rlft
 ./scripts/fetch-default-model.sh >/dev/null
 
 if want data; then
-  echo "== preference pairs -> $DATA/prefs; prompts -> $DATA/prompts"
-  "$RLFT" data tiny-python-expr --preferences --output "$DATA/prefs" --seed "$SEED" \
-    --train-size "$PAIRS" --test-size "$PAIR_TEST" --overwrite
+  echo "== preference pairs -> $DATA/prefs (DPO, held-out scoring), $DATA/prefs_rm (reward model); prompts -> $DATA/prompts"
+  PAIR_ARGS=(--seed "$SEED" --train-size "$PAIRS" --test-size "$PAIR_TEST" --overwrite)
+  "$RLFT" data tiny-python-expr --preferences --output "$DATA/prefs" "${PAIR_ARGS[@]}"
+  # The reward model is GRPO's only reward: no_answer pairs order a reply without a number
+  # below an unboxed right answer, or GRPO collapses to such a reply (README).
+  "$RLFT" data tiny-python-expr --preferences --output "$DATA/prefs_rm" "${PAIR_ARGS[@]}" \
+    --rejected wrong_number,missing_box,no_answer
   "$RLFT" data tiny-python-expr --output "$DATA/prompts" --seed "$SEED" \
     --train-size "$PROMPTS" --test-size "$PROMPT_TEST" --overwrite
 fi
@@ -48,18 +53,14 @@ if want rm; then
 fi
 
 if want score; then
-  echo "== held-out pairs scored by the reward model (accuracy: chosen scored higher)"
+  echo "== the seed task's held-out pairs ($DATA/prefs, test) scored by the reward model"
   "$RLFT" score --model $ART/rm/final --data "$DATA/prefs" --split test \
     --system-prompt "$SYSTEM" --device "$DEVICE" -o $ART/rm/test_scores.jsonl
 fi
 
 if want dpo; then
   echo "== DPO -> $ART/dpo"
-  if "$RLFT" dpo --help >/dev/null 2>&1; then
-    "$RLFT" dpo --config $EX/dpo.toml --device "$DEVICE" --set "seed=$SEED"
-  else
-    echo "this rlft has no \`dpo\` command yet: skipped"
-  fi
+  "$RLFT" dpo --config $EX/dpo.toml --device "$DEVICE" --set "seed=$SEED"
 fi
 
 if want grpo; then
@@ -72,6 +73,10 @@ if want eval; then
   RULE=(--config examples/tiny_python_expr/cpu.toml --set "dataset=$DATA/prompts" --device "$DEVICE")
   echo "== rule-scored greedy eval: base model"
   "$RLFT" eval "${RULE[@]}" --output $ART/eval_base.jsonl
-  echo "== rule-scored greedy eval: after GRPO with the reward model"
-  "$RLFT" eval "${RULE[@]}" --model $ART/grpo-rm/final --output $ART/eval_grpo_rm.jsonl
+  for run in dpo grpo-rm; do
+    if [[ -d $ART/$run/final ]]; then
+      echo "== rule-scored greedy eval: after $run"
+      "$RLFT" eval "${RULE[@]}" --model $ART/$run/final --output "$ART/eval_${run//-/_}.jsonl"
+    fi
+  done
 fi

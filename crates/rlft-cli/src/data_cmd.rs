@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use rlft_data::synth::tiny_python_expr::{generate, Op, TinyPythonExprOptions};
-use rlft_data::synth::tiny_python_expr_preferences::preferences;
+use rlft_data::synth::tiny_python_expr_preferences::{preferences, RejectedKind};
 use rlft_data::synth::{save_splits, SaveFormats};
 
 /// `rlft data`.
@@ -68,10 +68,20 @@ pub struct TinyPythonExprArgs {
     #[arg(long)]
     pub overwrite: bool,
     /// Write preference pairs of the same expressions instead of prompts: conversational
-    /// `prompt` / `chosen` (the right boxed answer) / `rejected` (a wrong number or a missing
-    /// box, half and half, drawn from the seed), for `rlft reward-model` and DPO.
+    /// `prompt` / `chosen` (the right boxed answer) / `rejected` (see --rejected, drawn from
+    /// the seed), for `rlft reward-model` and DPO.
     #[arg(long)]
     pub preferences: bool,
+    /// With --preferences: the kinds of rejected reply, drawn uniformly per row, comma-separated
+    /// among wrong_number (a wrong number, boxed), missing_box (the right number, not boxed) and
+    /// no_answer (no number at all, against the right number unboxed: add it for a reward
+    /// model a policy is trained against; docs/datasets.md).
+    #[arg(
+        long,
+        default_value = "wrong_number,missing_box",
+        requires = "preferences"
+    )]
+    pub rejected: String,
 }
 
 /// Runs `rlft data ...`.
@@ -99,7 +109,9 @@ fn run_tiny_python_expr(a: TinyPythonExprArgs) -> Result<()> {
         parquet: a.parquet,
     };
     let written = if a.preferences {
-        let (train, test) = preferences(&ds, opts.seed);
+        let kinds = RejectedKind::parse_list(&a.rejected)
+            .map_err(|e| anyhow::anyhow!("--rejected: {e}"))?;
+        let (train, test) = preferences(&ds, opts.seed, &kinds);
         save_splits(&a.output, &[("train", &train), ("test", &test)], formats)
     } else {
         ds.save(&a.output, formats)
@@ -123,7 +135,10 @@ fn run_tiny_python_expr(a: TinyPythonExprArgs) -> Result<()> {
         println!("  {}", path.display());
     }
     if a.preferences {
-        println!("  rows: prompt, chosen (right answer, boxed), rejected (wrong number or no box)");
+        println!(
+            "  rows: prompt, chosen (right answer, boxed), rejected ({})",
+            a.rejected
+        );
         println!(
             "train a reward model on it: rlft reward-model --config rm.toml with dataset = {:?} \
              (docs/reward-model.md)",

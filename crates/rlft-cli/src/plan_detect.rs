@@ -5,7 +5,7 @@
 //! (with the shared [`TRAINING_KEYS`]) include all of its own; a key no trainer knows is left
 //! to the config loader's "did you mean" error. Values narrow further: a `loss_type` that
 //! names a DPO loss ("sigmoid", "ipo"...) is DPO's or Online DPO's, any other the online
-//! trainers'; Online DPO needs `[[rewards]]`. Within the online family (GRPO, RLOO, PPO, one
+//! trainers'; Online DPO needs `[[rewards]]` or `reward_model_path`. Within the online family (GRPO, RLOO, PPO, one
 //! key set) the estimator decides. When more than one trainer is left (an SFT config with
 //! only `max_length` fits DPO and the reward model too), the error lists them and asks for
 //! the trainer.
@@ -117,7 +117,11 @@ pub fn detect(table: &toml::Table) -> Result<Trainer> {
                 (Family::Online, Some(true)) | (Family::Dpo | Family::OnlineDpo, Some(false))
             )
         })
-        .filter(|f| *f != Family::OnlineDpo || table.contains_key("rewards"))
+        .filter(|f| {
+            *f != Family::OnlineDpo
+                || table.contains_key("rewards")
+                || table.contains_key("reward_model_path")
+        })
         .collect();
     match fits.as_slice() {
         [Family::Online] => Ok(online(table, &keys)),
@@ -243,6 +247,10 @@ mod tests {
         assert_eq!(
             t(&format!("num_generations = 4\nbeta = 0.1{rewards}")).unwrap(),
             Trainer::Grpo
+        ); // TRL's reward_model_path is Online DPO's reward without [[rewards]].
+        assert_eq!(
+            t("max_new_tokens = 32\nreward_model_path = 'rm/final'").unwrap(),
+            Trainer::OnlineDpo
         );
     }
 

@@ -108,3 +108,53 @@ fn preferences_reward_model_and_score() {
         "{err}"
     );
 }
+
+#[test]
+fn rejected_kinds_are_chosen_on_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |p: &str| dir.path().join(p).display().to_string();
+    let data = ["data", "tiny-python-expr", "--preferences", "--train-size"];
+    let out = ok(&rlft(
+        &[
+            &data[..],
+            &[
+                "16",
+                "--test-size",
+                "0",
+                "--jsonl",
+                "--rejected",
+                "no_answer",
+                "-o",
+                &d("n"),
+            ],
+        ]
+        .concat(),
+    ));
+    assert!(out.contains("rejected (no_answer)"), "{out}");
+    let train = std::fs::read_to_string(dir.path().join("n/train.jsonl")).unwrap();
+    for line in train.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["extra_info"]["rejected_kind"], "no_answer", "{line}");
+        let chosen = v["chosen"][0]["content"].as_str().unwrap();
+        assert!(!chosen.contains("\\boxed"), "{chosen}");
+    }
+    let out = rlft(&[&data[..], &["4", "--rejected", "wrong", "-o", &d("w")]].concat());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("wrong_number, missing_box, no_answer"),
+        "{err}"
+    );
+    let out = rlft(&[
+        "data",
+        "tiny-python-expr",
+        "--rejected",
+        "no_answer",
+        "-o",
+        &d("x"),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--preferences"),
+        "{err}"
+    );
+}
