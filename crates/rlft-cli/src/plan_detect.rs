@@ -272,8 +272,10 @@ mod tests {
             ),
             ("preference/rm.toml", Some(Trainer::RewardModel)),
             ("preference/grpo_rm.toml", Some(Trainer::Grpo)),
-            // beta and shared keys only: GRPO or DPO.
-            ("preference/dpo.toml", None),
+            // A loss_type list of DPO losses.
+            ("preference/dpo.toml", Some(Trainer::Dpo)),
+            // max_length and shared keys only: SFT, DPO or the reward model.
+            ("sft/sft.toml", None),
         ] {
             let got = detect(&read_table(&root.join(file)).unwrap());
             match want {
