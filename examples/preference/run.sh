@@ -9,7 +9,8 @@
 #
 #   SEED                  dataset seed (42)
 #   PAIRS, PAIR_TEST      preference pairs: train, test (1024, 128)
-#   PROMPTS, PROMPT_TEST  GRPO prompts: train, test (128, 200)
+#   PROMPTS, PROMPT_TEST  GRPO prompts: train, test (PAIRS, 200: the same expressions as the
+#                         pairs' train split, so the test prompts are drawn after them)
 #   DEVICE                cpu | cuda | cuda:N (cpu)
 #   STEPS                 which steps to run (all: data rm score dpo grpo eval)
 #   RLFT                  the rlft binary (./target/release/rlft, built if missing)
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/../.."
 SEED=${SEED:-42}
 PAIRS=${PAIRS:-1024}
 PAIR_TEST=${PAIR_TEST:-128}
-PROMPTS=${PROMPTS:-128}
+PROMPTS=${PROMPTS:-$PAIRS}
 PROMPT_TEST=${PROMPT_TEST:-200}
 DEVICE=${DEVICE:-cpu}
 STEPS=${STEPS:-data rm score dpo grpo eval}

@@ -24,6 +24,10 @@ pub enum DataCommand {
     /// Integer arithmetic expressions with their values (the tiny_python_expr GRPO example),
     /// identical to the Python original for the same seed and sizes.
     TinyPythonExpr(TinyPythonExprArgs),
+    /// Preference pairs from a model's own samples: per prompt of a config's dataset, the
+    /// best- and worst-scored of `num_generations` completions under its `[[rewards]]` (the
+    /// pairs a reward model needs before a policy is trained against it).
+    SampledPreferences(crate::sampled_pairs_cmd::SampledPreferencesArgs),
 }
 
 /// `rlft data tiny-python-expr`.
@@ -88,6 +92,7 @@ pub struct TinyPythonExprArgs {
 pub fn run(a: DataArgs) -> Result<()> {
     match a.command {
         DataCommand::TinyPythonExpr(a) => run_tiny_python_expr(a),
+        DataCommand::SampledPreferences(a) => crate::sampled_pairs_cmd::run(a),
     }
 }
 
@@ -159,7 +164,7 @@ fn run_tiny_python_expr(a: TinyPythonExprArgs) -> Result<()> {
 }
 
 /// Refuses a non-empty output directory (or a file) unless `--overwrite` is given.
-fn check_output(output: &Path, overwrite: bool) -> Result<()> {
+pub(crate) fn check_output(output: &Path, overwrite: bool) -> Result<()> {
     if !output.exists() {
         return Ok(());
     }

@@ -13,6 +13,7 @@ mod plan_cmd;
 mod plan_detect;
 mod report_cmd;
 mod reward_model_cmd;
+mod sampled_pairs_cmd;
 mod serve_cmd;
 mod sft_cmd;
 mod train_cmd;

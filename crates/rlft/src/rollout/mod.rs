@@ -26,6 +26,7 @@ use crate::run::Metrics;
 use eval::score_samples;
 
 pub mod eval;
+pub mod pairs;
 pub mod remote;
 pub mod samples;
 pub mod stats;

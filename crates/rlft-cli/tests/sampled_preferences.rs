@@ -1,0 +1,119 @@
+//! `rlft data sampled-preferences` end to end on a tiny random model: every pair's chosen
+//! completion is the one the config's reward scores higher (checked against the regex the
+//! reward applies), the rows are seeded, `--include` appends a preference dataset, and a
+//! config that cannot make pairs is refused.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use rlft_model::config::Family;
+use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
+use serde_json::Value;
+
+fn rlft(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rlft"))
+        .args(args)
+        .output()
+        .expect("run rlft")
+}
+
+fn ok(out: &Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "rlft failed: {err}");
+    format!("{}{err}", String::from_utf8_lossy(&out.stdout))
+}
+
+fn rows(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn pairs_are_ordered_by_the_reward_and_seeded() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = |p: &str| dir.path().join(p).display().to_string();
+    let model = d("model");
+    save_tiny_hf_dir(tiny_config(Family::Llama), 5, Path::new(&model)).unwrap();
+    let tpe = [
+        "data",
+        "tiny-python-expr",
+        "--train-size",
+        "12",
+        "--test-size",
+    ];
+    ok(&rlft(&[&tpe[..], &["4", "-o", &d("prompts")]].concat()));
+    ok(&rlft(
+        &[&tpe[..], &["3", "--preferences", "-o", &d("prefs")]].concat(),
+    ));
+    let cfg = dir.path().join("pairs.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "model = {model:?}\ndataset = {:?}\neval_split = \"test\"\n\
+             num_generations = 4\nmax_completion_length = 6\ntemperature = 1.0\n\
+             [[rewards]]\ntype = \"regex_format\"\npattern = \"[A-Za-z]\"\n",
+            d("prompts")
+        ),
+    )
+    .unwrap();
+    let cfg = cfg.display().to_string();
+    let run = |out: &str, extra: &[&str]| {
+        let base = ["data", "sampled-preferences", "-c", &cfg, "--jsonl", "-o"];
+        ok(&rlft(&[&base[..], &[out], extra].concat()))
+    };
+    let log = run(&d("a"), &[]);
+    assert!(log.contains("train: 12 prompts, 48 completions"), "{log}");
+    let train = rows(&dir.path().join("a/train.jsonl"));
+    assert!(!train.is_empty(), "no pairs at all: {log}");
+    for r in &train {
+        let (c, j) = (&r["chosen"][0]["content"], &r["rejected"][0]["content"]);
+        let (c, j) = (c.as_str().unwrap(), j.as_str().unwrap());
+        // regex_format scores 1 when the pattern is found, 0 when not.
+        let letter = |t: &str| t.chars().any(|ch| ch.is_ascii_alphabetic());
+        assert!(letter(c) && !letter(j), "{r}");
+        assert_eq!(r["chosen_reward"], 1.0);
+        assert_eq!(r["rejected_reward"], 0.0);
+        assert_eq!(r["chosen"][0]["role"], "assistant");
+        assert!(
+            r["prompt"].is_array() && r["reward_model"].is_object(),
+            "{r}"
+        );
+    }
+    let pairs = train.len();
+    assert!(log.contains(&format!(
+        "{pairs} pairs, {} prompts without a pair",
+        12 - pairs
+    )));
+    // Same config and seed: the same rows.
+    run(&d("b"), &[]);
+    let same = |f: &str| {
+        std::fs::read(dir.path().join("a").join(f)).unwrap()
+            == std::fs::read(dir.path().join("b").join(f)).unwrap()
+    };
+    assert!(same("train.jsonl") && same("test.jsonl"));
+    // --include appends the synthetic pairs after the sampled ones, split by split.
+    run(&d("c"), &["--include", &d("prefs")]);
+    let mixed = rows(&dir.path().join("c/train.jsonl"));
+    assert_eq!(mixed.len(), pairs + 12);
+    assert_eq!(mixed[..pairs], train[..]);
+    assert_eq!(rows(&dir.path().join("c/test.jsonl")).len(), {
+        rows(&dir.path().join("a/test.jsonl")).len() + 3
+    });
+    // One completion per prompt cannot make a pair: refused with the fix.
+    let out = rlft(&[
+        "data",
+        "sampled-preferences",
+        "-c",
+        &cfg,
+        "--set",
+        "num_generations=1",
+        "-o",
+        &d("d"),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("num_generations"), "{err}");
+}
