@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Preferences end to end on the seed task: build preference pairs, train a reward model, then
-# (a) DPO on the pairs and (b) GRPO with the reward model as its only reward; the seed's rule
-# measures (b) before and after. Settings from environment variables:
+# Preferences end to end on the seed task: build preference pairs (synthetic ones, and pairs of
+# the base model's own samples labelled by the seed's rule), train a reward model, then (a) DPO
+# on the pairs and (b) GRPO with the reward model as its only reward; the seed's rule measures
+# the policies before and after. Settings from environment variables:
 #
 #   ./examples/preference/run.sh
-#   STEPS="rm grpo" ./examples/preference/run.sh        # only these steps (data rm score dpo grpo eval)
+#   STEPS="rm grpo" ./examples/preference/run.sh        # only these steps (data pairs rm score dpo grpo eval)
 #   SEED=7 ./examples/preference/run.sh                  # other pairs and prompts
 #
 #   SEED                  dataset seed (42)
@@ -12,7 +13,7 @@
 #   PROMPTS, PROMPT_TEST  GRPO prompts: train, test (PAIRS, 200: the same expressions as the
 #                         pairs' train split, so the test prompts are drawn after them)
 #   DEVICE                cpu | cuda | cuda:N (cpu)
-#   STEPS                 which steps to run (all: data rm score dpo grpo eval)
+#   STEPS                 which steps to run (all: data pairs rm score dpo grpo eval)
 #   RLFT                  the rlft binary (./target/release/rlft, built if missing)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,7 +24,7 @@ PAIR_TEST=${PAIR_TEST:-128}
 PROMPTS=${PROMPTS:-$PAIRS}
 PROMPT_TEST=${PROMPT_TEST:-200}
 DEVICE=${DEVICE:-cpu}
-STEPS=${STEPS:-data rm score dpo grpo eval}
+STEPS=${STEPS:-data pairs rm score dpo grpo eval}
 EX=examples/preference
 DATA=$EX/data
 ART=$EX/artifacts
@@ -46,6 +47,15 @@ if want data; then
     --rejected wrong_number,missing_box,no_answer
   "$RLFT" data tiny-python-expr --output "$DATA/prompts" --seed "$SEED" \
     --train-size "$PROMPTS" --test-size "$PROMPT_TEST" --overwrite
+fi
+
+if want pairs; then
+  echo "== the base model's own samples, best vs worst under the seed's rule, + $DATA/prefs_rm -> $DATA/prefs_sampled"
+  # 8 samples of each train prompt (and of 100 test prompts) as GRPO samples them; prompts
+  # whose 8 samples score alike give no pair.
+  "$RLFT" data sampled-preferences --config examples/tiny_python_expr/cpu.toml \
+    --set "dataset=$DATA/prompts" --set "seed=$SEED" --set eval_max_prompts=100 \
+    --include "$DATA/prefs_rm" --output "$DATA/prefs_sampled" --overwrite --device "$DEVICE"
 fi
 
 if want rm; then
