@@ -115,8 +115,14 @@ fn split_invariant_and_resumes_exactly() {
         let (la, lb) = (metric(&sa, step, "loss"), metric(&sb, step, "loss"));
         assert!((la - lb).abs() < 1e-5, "step {step}: loss {la} vs {lb}");
     }
+    // One batch of 4 and two micro-batches of 2 sum the gradients in different orders, and
+    // the kernels' order also depends on the CPU's SIMD width. Adam turns that rounding into
+    // a visible update for elements whose gradient is near `adam_epsilon` (a relative
+    // difference there moves the weight by a fraction of `learning_rate` = 3e-3; 1.1e-4 seen
+    // on an AVX-512 host). A split that lost or mixed up a micro-batch would change the
+    // update's direction, moving weights by up to a learning rate.
     let d = max_diff(&wa, &wb);
-    assert!(d < 1e-4, "weights differ by {d}");
+    assert!(d < 3e-4, "weights differ by {d}");
 
     let more = "max_steps = 4\nsave_steps = 2\nuse_peft = true\nbeta = [0.2, 0.05]";
     let (d3, d4) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
