@@ -14,7 +14,7 @@
 #                         pairs' train split, so the test prompts are drawn after them)
 #   DEVICE                cpu | cuda | cuda:N (cpu)
 #   STEPS                 which steps to run (all: data pairs rm score dpo grpo eval)
-#   RLFT                  the rlft binary (./target/release/rlft, built if missing)
+#   RLFT                  the rlft binary (cargo's target dir/release/rlft, built if missing)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -31,8 +31,9 @@ ART=$EX/artifacts
 SYSTEM="You are a careful arithmetic assistant. Solve the expression and respond briefly. Return the final result in the format \\boxed{answer}. Do not add unnecessary explanation."
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 
-RLFT=${RLFT:-./target/release/rlft}
-if [[ $RLFT == ./target/release/rlft && ! -x $RLFT ]]; then
+BUILT=${CARGO_TARGET_DIR:-./target}/release/rlft
+RLFT=${RLFT:-$BUILT}
+if [[ $RLFT == "$BUILT" && ! -x $RLFT ]]; then
   cargo build --release -p rlft-cli
 fi
 ./scripts/fetch-default-model.sh >/dev/null

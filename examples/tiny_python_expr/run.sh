@@ -60,7 +60,7 @@ if [[ "$DEVICE" == cuda* ]]; then
 else
   cargo build --release -p rlft-cli
 fi
-RLFT=./target/release/rlft
+RLFT=${CARGO_TARGET_DIR:-./target}/release/rlft   # where cargo put it
 if [[ -z "$MODEL" || "$MODEL" == default ]]; then
   ./scripts/fetch-default-model.sh >/dev/null
 fi
