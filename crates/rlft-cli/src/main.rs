@@ -82,7 +82,8 @@ enum Command {
     /// Reward tools: `rlft reward test` scores completions from a JSONL file without a model.
     Reward(grpo_cmd::RewardArgs),
     /// Generate datasets: `rlft data tiny-python-expr` writes the seed example's prompt set
-    /// (`--preferences`: preference pairs of it).
+    /// (`--preferences`: preference pairs of it); `rlft data sampled-preferences` pairs a
+    /// model's own samples, ranked by a config's rewards.
     Data(data_cmd::DataArgs),
     /// Write the report of a GRPO run: summary card, reward dashboard (PNG/SVG), rollouts, HTML.
     Report(report_cmd::ReportArgs),
