@@ -119,11 +119,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         );
     }
     let mut rewards = reward_set(&cfg, &model_path, &loaded.model.device().clone())?;
-    let pad_id = loaded
-        .generation
-        .pad_token_id
-        .or_else(|| loaded.generation.eos_token_ids.first().copied())
-        .unwrap_or(0);
+    let pad_id = rlft_model::score::pad_id_of(&loaded.generation);
     let settings = eval_settings(&cfg, &loaded.generation.eos_token_ids, pad_id);
     let t = std::time::Instant::now();
     let r = evaluate(&loaded.model, &loaded.text, &items, &mut rewards, &settings)?;

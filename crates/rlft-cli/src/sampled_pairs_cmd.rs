@@ -7,9 +7,8 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use rlft::config::grpo::GrpoConfig;
 use rlft::config::TrainerConfig;
-use rlft::grpo::setup::{eval_prompts, prompts, reward_set, sampling, EVAL_BATCH};
+use rlft::grpo::setup::{eval_prompts, prompts, reward_set, sampling_settings, EVAL_BATCH};
 use rlft::rollout::pairs::{sampled_pairs, PairSettings, SampledPairs};
-use rlft::rollout::RolloutSettings;
 use rlft_data::synth::{save_splits, SaveFormats};
 use rlft_data::{load_dataset, Dataset};
 
@@ -64,7 +63,11 @@ pub fn run(a: SampledPreferencesArgs) -> Result<()> {
         cfg.args.model = m.clone();
     }
     if cfg.num_generations < 2 {
-        bail!("num_generations is {}: a pair needs at least 2 samples per prompt; pass --set num_generations=4", cfg.num_generations);
+        bail!(
+            "num_generations is {}: a pair needs at least 2 samples per prompt; pass --set \
+             num_generations=4",
+            cfg.num_generations
+        );
     }
     check_output(&a.output, a.overwrite)?;
     let model_path = default_model::resolve(&cfg.args.model)?;
@@ -83,20 +86,13 @@ pub fn run(a: SampledPreferencesArgs) -> Result<()> {
     }
     let test = eval_prompts(&cfg, &loaded.text)?;
     let mut rewards = reward_set(&cfg, &model_path, &device)?;
-    let eos = loaded.generation.eos_token_ids.clone();
     let settings = PairSettings {
-        rollout: RolloutSettings {
-            num_generations: cfg.num_generations,
-            max_new_tokens: cfg.max_completion_length,
-            sampling: sampling(&cfg),
-            seed: cfg.args.seed,
-            pad_token_id: loaded
-                .generation
-                .pad_token_id
-                .or_else(|| eos.first().copied())
-                .unwrap_or(0),
-            eos_token_ids: eos,
-        },
+        rollout: sampling_settings(
+            &cfg,
+            &loaded.generation.eos_token_ids,
+            rlft_model::score::pad_id_of(&loaded.generation),
+            cfg.args.seed,
+        ),
         prompt_column: cfg.prompt_column.clone(),
         chat: loaded.text.compile_chat_template().is_ok(),
         min_gap: a.min_gap,

@@ -38,13 +38,23 @@ pub fn sampling(cfg: &GrpoConfig) -> SamplingParams {
 
 /// The sampling of one rollout of `policy` with seed `seed`.
 pub fn rollout_settings(cfg: &GrpoConfig, policy: &Policy, seed: u64) -> RolloutSettings {
+    sampling_settings(cfg, &policy.generation.eos_token_ids, policy.pad_id, seed)
+}
+
+/// A config's rollout sampling for a model with these end and padding ids.
+pub fn sampling_settings(
+    cfg: &GrpoConfig,
+    eos_token_ids: &[u32],
+    pad_token_id: u32,
+    seed: u64,
+) -> RolloutSettings {
     RolloutSettings {
         num_generations: cfg.num_generations,
         max_new_tokens: cfg.max_completion_length,
         sampling: sampling(cfg),
         seed,
-        eos_token_ids: policy.generation.eos_token_ids.clone(),
-        pad_token_id: policy.pad_id,
+        eos_token_ids: eos_token_ids.to_vec(),
+        pad_token_id,
     }
 }
 

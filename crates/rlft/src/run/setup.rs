@@ -167,11 +167,7 @@ pub fn load_policy(
         args.seed,
         &args.model,
     )?;
-    let pad_id = loaded
-        .generation
-        .pad_token_id
-        .or_else(|| loaded.generation.eos_token_ids.first().copied())
-        .unwrap_or(0);
+    let pad_id = rlft_model::score::pad_id_of(&loaded.generation);
     let policy = Policy {
         model,
         vars,
