@@ -2,28 +2,15 @@
 //! reports positive times, its peak RSS and the machine; a missing reference says how to build it
 //! and rlft's cases still run.
 
+mod common;
+
+use common::{ok, rlft};
+
 use std::path::Path;
-use std::process::{Command, Output};
 
 use rlft_model::config::Family;
 use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
 use serde_json::Value;
-
-fn rlft(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rlft"))
-        .args(args)
-        .output()
-        .expect("run rlft")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "rlft failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
 
 fn tiny_dir(dir: &Path) -> String {
     let p = dir.join("tiny-llama");

@@ -1,29 +1,17 @@
 //! End-to-end tests of the `rlft` binary: generate, chat, inspect, tokenize, logprobs, convert,
 //! on a tiny random model and on the default model.
 
+mod common;
+
+use common::{ok, rlft};
+
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use rlft_model::config::Family;
 use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
 use serde_json::Value;
-
-fn rlft(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rlft"))
-        .args(args)
-        .output()
-        .expect("run rlft")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "rlft failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
 
 #[path = "../../../tests/fixtures.rs"]
 mod fixtures;

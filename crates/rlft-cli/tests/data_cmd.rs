@@ -1,15 +1,12 @@
 //! `rlft data tiny-python-expr`: writes the seed example's DatasetDict (byte-identical to the
 //! Python original), refuses to clobber, and names bad options.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn rlft(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rlft"))
-        .args(args)
-        .output()
-        .expect("run rlft")
-}
+use common::rlft;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()

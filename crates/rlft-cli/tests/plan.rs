@@ -11,28 +11,15 @@
 //! state touched by a first step), about ten seconds in release mode. The same for PPO, whose
 //! critic (a second copy of the model, trained beside the policy) the plan counts too.
 
+mod common;
+
+use common::{ok, rlft};
+
 use std::path::Path;
-use std::process::{Command, Output};
 
 use rlft_model::config::Family;
 use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
 use serde_json::Value;
-
-fn rlft(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rlft"))
-        .args(args)
-        .output()
-        .expect("run rlft")
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "rlft failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
 
 /// A random Qwen2-shaped model of 23M parameters.
 fn model(dir: &Path) -> String {

@@ -2,24 +2,14 @@
 //! on a tiny random model: the data is seeded, a LoRA reward model trains and exports, the
 //! merged directory and the adapter over its base score alike, and a causal LM is refused.
 
+mod common;
+
+use common::{ok_all as ok, rlft};
+
 use std::path::Path;
-use std::process::{Command, Output};
 
 use rlft_model::config::Family;
 use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
-
-fn rlft(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rlft"))
-        .args(args)
-        .output()
-        .expect("run rlft")
-}
-
-fn ok(out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "rlft failed: {err}");
-    format!("{}{err}", String::from_utf8_lossy(&out.stdout))
-}
 
 fn scores(path: &Path) -> Vec<(f64, f64)> {
     std::fs::read_to_string(path)

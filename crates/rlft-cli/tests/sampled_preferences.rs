@@ -3,25 +3,15 @@
 //! reward applies), the rows are seeded, `--include` appends a preference dataset, and a
 //! config that cannot make pairs is refused.
 
+mod common;
+
+use common::{ok_all as ok, rlft};
+
 use std::path::Path;
-use std::process::{Command, Output};
 
 use rlft_model::config::Family;
 use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
 use serde_json::Value;
-
-fn rlft(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rlft"))
-        .args(args)
-        .output()
-        .expect("run rlft")
-}
-
-fn ok(out: &Output) -> String {
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "rlft failed: {err}");
-    format!("{}{err}", String::from_utf8_lossy(&out.stdout))
-}
 
 fn rows(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
