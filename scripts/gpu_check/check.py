@@ -5,8 +5,9 @@ each recording its own error instead of stopping the others:
 
 (a) `logprobs`: tiny random Llama, Qwen2 and Qwen3 models written with PyTorch; rlft's per-token
     log-probs (`rlft logprobs --json`, float32 on --device) against transformers' (float32,
-    eager attention, same device, same token ids); passes at max |diff| <= 1e-4. Gradients are
-    not compared: no rlft command prints them.
+    eager attention, same device, same token ids); passes at max |diff| <= 1e-4. Gradients too:
+    `rlft logprobs --grads` writes d(mean NLL)/d(weight) for the first text, compared with
+    torch's autograd per weight at max |diff| <= 1e-4 x max(1, max |torch's|).
 (b) `perf`: a Qwen2.5-3B-shaped model with random weights (bf16 on a GPU; at --size tiny the same
     family at tiny size, f32): generation tokens/s at batch 16 x 128 new tokens (`rlft bench
     generate` vs transformers' generate), and GRPO steps in the shape of
@@ -106,16 +107,17 @@ def trim(r):
 
 
 def part_logprobs(c, work):
-    out = {"tolerance": TOLERANCE, "gradients": "not compared: no rlft command prints them",
-           "models": {}}
+    out = {"tolerance": TOLERANCE, "models": {}}
     ok = True
     for fam in FAMILIES:
         d = models.write(fam, os.path.join(work, fam), "float32", "cpu")
         rec = {"texts": []}
         ids_all, ours_all = [], []
-        for text in TEXTS:
+        ours_grads = os.path.join(work, f"{fam}-grads.safetensors")
+        for i, text in enumerate(TEXTS):
+            grads = ["--grads", ours_grads] if i == 0 else []
             r = c.run(c.rlft("logprobs", "--model", d, "--device", c.a.device, "--dtype", "f32",
-                             "--text", text, "--json"), 120)
+                             "--text", text, "--json", *grads), 120)
             if r.get("rc") != 0:
                 rec["texts"].append({"error": trim(r)})
                 continue
@@ -133,12 +135,40 @@ def part_logprobs(c, work):
                                          "pass": diff <= TOLERANCE})
             else:
                 rec["error"] = trim(r)
+            rec["grads"] = guarded(compare_grads, c, d, ids_all[0], ours_grads, work, fam)
         rec["pass"] = bool(rec["texts"]) and all(t.get("pass") for t in rec["texts"]) \
-            and "error" not in rec
+            and "error" not in rec and rec.get("grads", {}).get("pass", False)
         ok = ok and rec["pass"]
         out["models"][fam] = rec
     out["pass"] = ok
     return out
+
+
+def compare_grads(c, model_dir, ids, ours_path, work, fam):
+    """rlft's gradients (ours_path, from `rlft logprobs --grads`) against torch's autograd for
+    the same ids: per weight, max |diff| <= TOLERANCE x max(1, max |torch's|)."""
+    if not os.path.isfile(ours_path):
+        return {"error": "rlft wrote no gradients", "pass": False}
+    theirs_path = os.path.join(work, f"{fam}-grads-ref.safetensors")
+    r = c.run(c.hf("grads", "--model", model_dir, "--ids", json.dumps([ids]), "--grads-out",
+                   theirs_path, "--out", os.path.join(work, f"{fam}-grads-ref.json")), 300)
+    if r.get("rc") != 0:
+        return {"error": trim(r), "pass": False}
+    from safetensors.torch import load_file
+    ours, theirs = load_file(ours_path), load_file(theirs_path)
+    worst, failed = 0.0, []
+    for name, t in theirs.items():
+        if name not in ours:
+            failed.append(f"{name}: missing in rlft's")
+            continue
+        diff = (ours[name].double() - t.double()).abs().max().item()
+        scale = max(1.0, t.abs().max().item())
+        worst = max(worst, diff / scale)
+        if diff > TOLERANCE * scale:
+            failed.append(f"{name}: max |diff| {diff:.3g}")
+    failed += [f"{n}: not a parameter of transformers' model" for n in ours if n not in theirs]
+    return {"weights": len(theirs), "max_abs_diff_scaled": worst, "failed": failed[:10],
+            "pass": not failed}
 
 
 def part_perf(c, work):
@@ -323,6 +353,8 @@ def summary(res):
             "logprobs_max_abs_diff": {f: max((t.get("max_abs_diff", float("nan"))
                                               for t in m.get("texts", [])), default=None)
                                       for f, m in lp.get("models", {}).items()},
+            "grads_max_abs_diff_scaled": {f: (m.get("grads") or {}).get("max_abs_diff_scaled")
+                                          for f, m in lp.get("models", {}).items()},
             "perf": (res.get("perf") or {}).get("summary") or (res.get("perf") or {}).get("error"),
             "plan": res.get("plan"), "seconds": res["meta"]["seconds"]}
 

@@ -1,8 +1,10 @@
 """The transformers / TRL side of the GPU check, one job per process (so each job's peak memory
-is its own): `logprobs`, `generate` and `grpo`, each writing a JSON result to --out.
+is its own): `logprobs`, `grads`, `generate` and `grpo`, each writing a JSON result to --out.
 
 - logprobs: per-token log-probs `log_softmax(logits[t])[ids[t+1]]` of given token ids, float32,
   eager attention (the reference the rlft tests use: scripts/reference/tiny_models.py).
+- grads: the gradient of the mean negative log-likelihood of one token-id row with respect to
+  every parameter, float32, eager attention, as safetensors.
 - generate: bench/reference/bench.py's generate case on a device: the same chat prompts as
   `rlft bench generate`, sampling at T=1, exactly --new-tokens per row; one warm-up, then timed.
 - grpo: TRL's GRPOTrainer in the shape of examples/tiny_python_expr/qwen25_3b.toml (the seed's
@@ -68,6 +70,26 @@ def job_logprobs(a):
         lp = lsm[:-1].gather(1, x[0, 1:].unsqueeze(1)).squeeze(1)
         out.append(lp.cpu().tolist())
     return {"logprobs": out}
+
+
+def job_grads(a):
+    """d(mean NLL of --ids' first row)/d(weight) for every parameter, float32, eager, written as
+    safetensors to --grads-out (named_parameters' names: tied weights once)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32,
+                                                 attn_implementation="eager").to(a.device)
+    model.train()
+    ids = json.loads(a.ids)[0]
+    x = torch.tensor([ids], device=a.device)
+    lsm = torch.log_softmax(model(input_ids=x).logits[0].float(), dim=-1)
+    loss = -lsm[:-1].gather(1, x[0, 1:].unsqueeze(1)).mean()
+    loss.backward()
+    save_file({n: p.grad.detach().float().cpu().contiguous()
+               for n, p in model.named_parameters() if p.grad is not None}, a.grads_out)
+    return {"loss": loss.item()}
 
 
 def job_generate(a):
@@ -149,7 +171,7 @@ def job_grpo(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("job", choices=("logprobs", "generate", "grpo"))
+    ap.add_argument("job", choices=("logprobs", "grads", "generate", "grpo"))
     ap.add_argument("--model", required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
@@ -159,12 +181,13 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--steps", type=int, default=4, help="grpo: optimizer steps")
+    ap.add_argument("--grads-out", help="grads: safetensors file of the gradients")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     import torch
     import transformers
     result = {"torch": torch.__version__, "transformers": transformers.__version__}
-    result.update({"logprobs": job_logprobs, "generate": job_generate, "grpo": job_grpo}[a.job](a))
+    result.update({"logprobs": job_logprobs, "grads": job_grads, "generate": job_generate, "grpo": job_grpo}[a.job](a))
     with open(a.out, "w") as f:
         json.dump(result, f)
 

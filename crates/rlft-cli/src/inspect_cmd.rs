@@ -1,12 +1,19 @@
 //! `rlft inspect`, `rlft tokenize`, `rlft logprobs`, `rlft convert`: the tools users reach for
 //! when a reward or a template misbehaves.
 
-use anyhow::{bail, Result};
-use candle_core::Tensor;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor};
 use clap::Args;
 use rlft_model::config::RopeScaling;
 use rlft_model::decoder::Batch;
 use rlft_model::export::save_hf_dir;
+use rlft_model::trainable::{
+    backward, make_trainable, masked_mean_nll, next_token_batch, sequence_logprobs,
+};
+use rlft_model::LoadedModel;
 use rlft_text::Message;
 use serde_json::json;
 
@@ -195,11 +202,41 @@ pub struct LogprobsArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also write the gradient of the text's mean negative log-likelihood with respect to every
+    /// weight to this safetensors file, under the weights' HF names (to check a device's
+    /// backward pass against PyTorch's, as scripts/gpu-check.sh does).
+    #[arg(long, value_name = "FILE")]
+    pub grads: Option<PathBuf>,
+}
+
+/// Writes d(mean NLL of `ids`)/d(weight) for every weight of `m` to `path` (safetensors, f32,
+/// HF names; written to a temporary file, then renamed); returns the loss.
+fn write_grads(m: &mut LoadedModel, ids: &[u32], path: &Path) -> Result<f32> {
+    let vars = make_trainable(&mut m.model, |_| true)?;
+    let dev = m.model.device().clone();
+    let nt = next_token_batch(&[ids.to_vec()], &[1], 0, &dev)?;
+    let lp = sequence_logprobs(&m.model, &nt.batch, &nt.targets, true)?;
+    let loss = masked_mean_nll(&lp, &nt.mask)?;
+    let grads = backward(&loss, &vars)?;
+    let mut out = HashMap::new();
+    for (name, var) in &vars {
+        let Some(g) = grads.get(var.as_tensor()) else {
+            bail!("weight {name} got no gradient");
+        };
+        out.insert(
+            name.clone(),
+            g.to_dtype(DType::F32)?.to_device(&Device::Cpu)?,
+        );
+    }
+    let tmp = path.with_extension("safetensors.tmp");
+    candle_core::safetensors::save(&out, &tmp)?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(loss.to_dtype(DType::F32)?.to_scalar::<f32>()?)
 }
 
 /// Runs `rlft logprobs`.
 pub fn run_logprobs(a: LogprobsArgs) -> Result<()> {
-    let m = load(&a.model)?;
+    let mut m = load(&a.model)?;
     let ids = input_ids(&m, &a.text, a.chat, false)?;
     if ids.len() < 2 {
         bail!(
@@ -234,6 +271,13 @@ pub fn run_logprobs(a: LogprobsArgs) -> Result<()> {
     };
     let total: f64 = lp.iter().map(|&x| x as f64).sum();
     let mean = total / n as f64;
+    if let Some(path) = &a.grads {
+        let loss = write_grads(&mut m, &ids, path)?;
+        eprintln!(
+            "wrote gradients of the mean NLL {loss:.6} to {}",
+            path.display()
+        );
+    }
     if a.json {
         let tokens: Vec<_> = (0..ids.len())
             .map(|i| {

@@ -188,9 +188,14 @@ impl<'m> Checkpointing<'m> {
                 let y = (seg.step)(li, x.as_tensor())?;
                 let mut gs = (y * &g)?.sum_all()?.backward()?;
                 take_vars(&mut gs, vars, &mut out)?;
-                g = gs.remove(x.as_tensor()).ok_or_else(|| {
-                    ModelError::Invalid(format!("layer {li}'s output does not depend on its input"))
-                })?;
+                g = gs
+                    .remove(x.as_tensor())
+                    .ok_or_else(|| {
+                        ModelError::Invalid(format!(
+                            "layer {li}'s output does not depend on its input"
+                        ))
+                    })?
+                    .detach();
             }
             if seg.x0.track_op() {
                 // A trainable embedding: the first layer's input gradient flows into it.
@@ -208,7 +213,8 @@ impl Drop for Checkpointing<'_> {
     }
 }
 
-/// Moves the gradients of `vars` from `from` into `into`, adding to what is there.
+/// Moves the gradients of `vars` from `from` into `into`, adding to what is there; detached, as
+/// [`crate::trainable::backward`] returns them.
 fn take_vars(from: &mut GradStore, vars: &[(String, Var)], into: &mut GradStore) -> Result<()> {
     for (_, var) in vars {
         let t = var.as_tensor();
@@ -217,7 +223,7 @@ fn take_vars(from: &mut GradStore, vars: &[(String, Var)], into: &mut GradStore)
                 Some(prev) => (prev + g)?,
                 None => g,
             };
-            into.insert(t, sum);
+            into.insert(t, sum.detach());
         }
     }
     Ok(())

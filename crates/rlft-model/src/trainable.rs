@@ -84,12 +84,16 @@ pub fn detached(model: &CausalLm) -> CausalLm {
 /// candle's backward also stores a gradient for every untracked operand of a tracked op (frozen
 /// weights' transposed views, the attention mask, the rotary tables): this drops them, so the
 /// store holds exactly the trainable weights.
+///
+/// The gradients are detached: candle leaves a variable's gradient tracked when it was computed
+/// from tracked operands (a weight's `dW = dYᵀ X` from the activations), so a kept gradient, a
+/// sum of them or optimizer state made from one would hold the whole forward graph alive.
 pub fn backward(loss: &Tensor, vars: &[(String, Var)]) -> Result<GradStore> {
     let mut all = loss.backward()?;
     let mut out = GradStore::default();
     for (_, var) in vars {
         if let Some(g) = all.remove(var.as_tensor()) {
-            out.insert(var.as_tensor(), g);
+            out.insert(var.as_tensor(), g.detach());
         }
     }
     Ok(out)
@@ -264,5 +268,24 @@ mod tests {
             .unwrap();
         assert_eq!(l, 0.0);
         assert!(masked_mean_nll(&lp, &mask.flatten_all().unwrap()).is_err());
+    }
+
+    /// candle leaves a variable's gradient tracked when its operands were (here d/dw of
+    /// `w * x²` is `x²`, tracked through the var `x`); `backward` hands it back detached.
+    #[test]
+    fn backward_detaches_the_gradients() {
+        let dev = Device::Cpu;
+        let w = Var::new(&[1f32, 2.0], &dev).unwrap();
+        let x = Var::new(&[3f32, 4.0], &dev).unwrap();
+        let y = (w.as_tensor() * x.as_tensor().sqr().unwrap())
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let raw = y.backward().unwrap();
+        assert!(raw.get(w.as_tensor()).unwrap().track_op());
+        let grads = backward(&y, &[("w".into(), w.clone())]).unwrap();
+        let g = grads.get(w.as_tensor()).unwrap();
+        assert!(!g.track_op());
+        assert_eq!(g.to_vec1::<f32>().unwrap(), [9.0, 16.0]);
     }
 }

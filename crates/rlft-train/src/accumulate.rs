@@ -88,7 +88,7 @@ impl GradAccumulator {
                     None => *sum = Some(scaled_copy_tensor(g, weight)?),
                     Some(s) => {
                         if !add_in_place(s, g, weight as f32)? {
-                            *s = (&*s + (g.to_dtype(s.dtype())? * weight)?)?;
+                            *s = (&*s + (g.to_dtype(s.dtype())? * weight)?)?.detach();
                         }
                     }
                 }
@@ -214,8 +214,9 @@ fn scaled_copy_tensor(g: &Tensor, weight: f64) -> Result<Tensor> {
     } else {
         DType::F32
     };
-    // `affine` always allocates, so the sum never shares storage with `g`.
-    Ok((g.to_dtype(dtype)? * weight)?)
+    // `affine` always allocates, so the sum never shares storage with `g`. Detached: a tracked
+    // gradient's graph must not live on in the sum.
+    Ok((g.to_dtype(dtype)? * weight)?.detach())
 }
 
 /// `sum += w * g` in place on the CPU; `false` if either tensor is not handled there.

@@ -412,7 +412,9 @@ impl AdamW {
         for (index, _, _) in &work {
             let st = &mut self.params[*index];
             if st.needs_master() && st.master.is_none() {
-                st.master = Some(st.var.as_tensor().to_dtype(DType::F32)?);
+                // Detached: a copy made from the var would otherwise record the op, and every
+                // later master (computed from it) would keep the whole chain of earlier ones.
+                st.master = Some(st.var.as_tensor().to_dtype(DType::F32)?.detach());
             }
         }
         let fuse = |st: &ParamState, g: &Tensor| {
@@ -446,10 +448,14 @@ impl AdamW {
 /// The update with candle tensor ops (allocating); `st.step` is not yet incremented.
 fn reference_update(st: &mut ParamState, grad: &Tensor, sc: &StepScalars) -> Result<()> {
     let dtype = st.exp_avg.dtype();
-    let g = grad.to_dtype(dtype)?;
+    // A gradient straight from candle's backward can be tracked; moments made from it would keep
+    // its graph (the forward's activations) alive.
+    let g = grad.to_dtype(dtype)?.detach();
+    // Detached: the update is not differentiated, and a tracked result would hold its inputs
+    // (the previous master, the step) alive for as long as it lives, step after step.
     let p = match &st.master {
-        Some(w) => w.clone(),
-        None => st.var.as_tensor().to_dtype(dtype)?,
+        Some(w) => w.detach(),
+        None => st.var.as_tensor().to_dtype(dtype)?.detach(),
     };
     // Multiplying by exactly 1 changes nothing: skip the pass when there is no decay.
     let p = if sc.decay != 1.0 {
@@ -495,7 +501,52 @@ impl candle_nn::Optimizer for AdamW {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{DType, Device, Shape};
+    use candle_core::{DType, Device, Shape, Tensor, Var};
+    use candle_nn::Optimizer;
+
+    /// The tensor path (the one every non-CPU device takes) keeps no op graph in its state:
+    /// a tracked master or moment would hold every earlier step's tensors alive (on a GPU,
+    /// three parameter-sized f32 tensors more per step until memory runs out).
+    #[test]
+    fn reference_update_state_tracks_no_graph() {
+        for dtype in [DType::BF16, DType::F32] {
+            let w = Tensor::arange(0f32, 6.0, &Device::Cpu).unwrap();
+            let var =
+                Var::from_tensor(&w.to_dtype(dtype).unwrap().reshape((2, 3)).unwrap()).unwrap();
+            let mut opt = super::AdamW::new(
+                vec![super::ParamGroup::new(vec![var.clone()])],
+                super::AdamWConfig {
+                    weight_decay: 0.1,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+            .with_kernel(super::AdamWKernel::Reference);
+            for _ in 0..3 {
+                let loss = var
+                    .as_tensor()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+                    .sqr()
+                    .unwrap()
+                    .sum_all();
+                let grads = loss.unwrap().backward().unwrap();
+                Optimizer::step(&mut opt, &grads).unwrap();
+            }
+            let st = &opt.params[0];
+            assert_eq!(st.step, 3);
+            assert_eq!(st.master.is_some(), dtype == DType::BF16);
+            for t in [Some(&st.exp_avg), Some(&st.exp_avg_sq), st.master.as_ref()]
+                .into_iter()
+                .flatten()
+            {
+                assert!(
+                    !t.track_op(),
+                    "{dtype:?}: optimizer state records an op graph"
+                );
+            }
+        }
+    }
 
     /// The written zeros are zeros of the asked shape and dtype, across several of the
     /// parallel fill's chunks and a partial last one.

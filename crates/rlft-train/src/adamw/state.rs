@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use super::{state_dtype, state_zeros, AdamW, ParamState};
 use crate::error::{Result, TrainError};
@@ -25,18 +25,29 @@ impl AdamW {
     /// A snapshot of the state (copies, safe to keep while training continues), named as in the
     /// module docs; parameters that never took a step have no entries. Save it with
     /// `candle_core::safetensors::save` and restore it with [`AdamW::load_state_tensors`].
+    ///
+    /// The copies are in host memory whatever the parameters' device: a checkpoint writes them
+    /// from there anyway, and a copy on a GPU would need as much free device memory again as the
+    /// state itself (f32 moments and master weights: 12 bytes per parameter).
     pub fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        let host = |t: &Tensor| -> Result<Tensor> {
+            Ok(if t.device().is_cpu() {
+                t.copy()?
+            } else {
+                t.to_device(&Device::Cpu)?
+            })
+        };
         let mut out = Vec::new();
         for (i, st) in self.params.iter().enumerate() {
             if st.step == 0 {
                 continue;
             }
-            let step = Tensor::new(st.step as f64, st.var.device())?;
+            let step = Tensor::new(st.step as f64, &Device::Cpu)?;
             out.push((format!("state.{i}.step"), step));
-            out.push((format!("state.{i}.exp_avg"), st.exp_avg.copy()?));
-            out.push((format!("state.{i}.exp_avg_sq"), st.exp_avg_sq.copy()?));
+            out.push((format!("state.{i}.exp_avg"), host(&st.exp_avg)?));
+            out.push((format!("state.{i}.exp_avg_sq"), host(&st.exp_avg_sq)?));
             if let Some(master) = &st.master {
-                out.push((format!("state.{i}.master"), master.copy()?));
+                out.push((format!("state.{i}.master"), host(master)?));
             }
         }
         Ok(out)
