@@ -195,6 +195,48 @@ fn default_model_answers_and_matches_golden() {
             i + 1
         );
     }
+    // logprobs --grads: the gradients transformers computed for the same text (L2 norm per
+    // weight, `gradient` of the golden file), under the weights' HF names.
+    let case = &golden["gradient"];
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("grads.safetensors");
+    let out = rlft(&[
+        "logprobs",
+        "--model",
+        &m,
+        "--json",
+        "--text",
+        case["text"].as_str().unwrap(),
+        "--grads",
+        file.to_str().unwrap(),
+    ]);
+    let lp: Value = serde_json::from_str(&ok(&out)).unwrap();
+    let ids: Vec<Value> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].clone())
+        .collect();
+    assert_eq!(Value::from(ids), case["ids"]);
+    let grads = candle_core::safetensors::load(&file, &candle_core::Device::Cpu).unwrap();
+    assert_eq!(grads.len(), 272, "one gradient per weight (tied head once)");
+    for (name, want) in case["grad_l2_norm"].as_object().unwrap() {
+        let got = grads[name]
+            .sqr()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .sqrt()
+            .unwrap();
+        let (got, want) = (
+            got.to_scalar::<f32>().unwrap() as f64,
+            want.as_f64().unwrap(),
+        );
+        assert!(
+            (got - want).abs() <= 1e-3 * want,
+            "{name}: {got} vs transformers {want}"
+        );
+    }
     // inspect names the special tokens and shows the chat template.
     let text = ok(&rlft(&["inspect", &m]));
     assert!(
