@@ -1,5 +1,6 @@
 //! Arguments and helpers shared by the subcommands.
 
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -42,9 +43,14 @@ impl ExportArgs {
 /// Which model to load and how.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// HF model directory, .gguf file, or `default`.
+    /// HF model directory, .gguf file, `default`, or a LoRA adapter directory (a run's
+    /// `adapter/` or `checkpoint-N/`), loaded over its base and merged.
     #[arg(long, short = 'm', default_value = "default")]
     pub model: String,
+    /// The base model of a LoRA adapter given as --model (default: the adapter's
+    /// `base_model_name_or_path`, which a run sets to its config's `model`).
+    #[arg(long)]
+    pub base: Option<String>,
     /// Weight dtype: f32 or bf16.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
@@ -90,13 +96,53 @@ pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
         dtype: parse_dtype(&args.dtype)?,
     };
     let t0 = Instant::now();
-    let m = load_model(&path, &opts)?;
+    let m = load_any(&path, args.base.as_deref(), &opts)?;
     eprintln!(
         "loaded {} ({}, {:.1}M params) in {:.1}s",
         path.display(),
         m.model.config.family.architecture(),
         m.model.config.num_parameters() as f64 / 1e6,
         t0.elapsed().as_secs_f64()
+    );
+    Ok(m)
+}
+
+/// Loads `path`: an HF directory or .gguf file, or a LoRA adapter directory over `base`
+/// (default: the adapter's `base_model_name_or_path`; `default` is the default model), merged.
+pub fn load_any(path: &Path, base: Option<&str>, opts: &LoadOptions) -> Result<LoadedModel> {
+    if !rlft_model::load::is_adapter_dir(path) {
+        if let Some(b) = base {
+            bail!(
+                "--base {b} is for a LoRA adapter directory, and {} is not one (it has no \
+                 adapter_config.json, or has its own config.json); drop --base",
+                path.display()
+            );
+        }
+        return Ok(load_model(path, opts)?);
+    }
+    let name = match base {
+        Some(b) => b.to_string(),
+        None => rlft_model::load::adapter_base_name(path)?.with_context(|| {
+            format!(
+                "{} is a LoRA adapter whose adapter_config.json names no base model \
+                 (base_model_name_or_path); pass --base MODEL",
+                path.display()
+            )
+        })?,
+    };
+    let base_path = default_model::resolve(&name)?;
+    if !base_path.exists() {
+        bail!(
+            "{} is a LoRA adapter over `{name}`, which is not on this machine (relative paths \
+             are read from the current directory); pass --base MODEL",
+            path.display()
+        );
+    }
+    let m = rlft_model::load::load_adapter_merged(path, &base_path, opts)?;
+    eprintln!(
+        "LoRA adapter {} merged over {}",
+        path.display(),
+        base_path.display()
     );
     Ok(m)
 }

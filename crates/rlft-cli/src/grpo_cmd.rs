@@ -82,9 +82,14 @@ pub struct EvalArgs {
     /// The GRPO config whose eval split, rewards and generation settings to use.
     #[arg(long, short = 'c')]
     pub config: PathBuf,
-    /// Model to score (HF dir, .gguf or "default"); default: the config's `model`.
+    /// Model to score (HF dir, .gguf, "default", or a LoRA run's `adapter/` or `checkpoint-N/`,
+    /// merged over its base); default: the config's `model`.
     #[arg(long)]
     pub model: Option<String>,
+    /// The base model of a LoRA adapter given as --model (default: the adapter's
+    /// `base_model_name_or_path`).
+    #[arg(long)]
+    pub base: Option<String>,
     /// Override a config key (repeatable), e.g. `--set eval_decoding=sampled`.
     #[arg(long = "set")]
     pub set: Vec<String>,
@@ -104,8 +109,9 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
     }
     let model_path = default_model::resolve(&cfg.args.model)?;
     let device = parse_device(&a.device)?;
-    let loaded = rlft_model::load::load_model(
+    let loaded = crate::common::load_any(
         &model_path,
+        a.base.as_deref(),
         &rlft_model::load::LoadOptions {
             device,
             dtype: candle_core::DType::F32,

@@ -54,6 +54,7 @@ pub fn run_inspect(a: InspectArgs) -> Result<()> {
     };
     let m = load(&ModelArgs {
         model: path,
+        base: None,
         dtype: "f32".into(),
         device: "cpu".into(),
     })?;

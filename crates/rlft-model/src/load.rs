@@ -80,6 +80,15 @@ pub fn load_model(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<LoadedMo
 }
 
 fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    if is_adapter_dir(dir) {
+        let base = adapter_base_name(dir)?.unwrap_or_else(|| "its base model".into());
+        return Err(ModelError::bad_file(
+            dir,
+            format!(
+                "is a PEFT LoRA adapter (over `{base}`), not a whole model: load it over its base                  with load_adapter_merged (the rlft commands do this when --model names an                  adapter directory), or use the run's merged `final/` directory"
+            ),
+        ));
+    }
     if let Some(arch) = crate::score::sequence_classification_arch(dir)? {
         return Err(ModelError::bad_file(
             dir.join("config.json"),
@@ -94,6 +103,38 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let (config, weights, source_dtypes) = read_hf_weights(dir, opts)?;
     let model = CausalLm::from_weights(config, weights)?;
     finish_hf_load(dir, model, source_dtypes)
+}
+
+/// Whether `dir` is a PEFT adapter directory (`adapter_config.json` and no `config.json`): a
+/// LoRA run's `adapter/` or `checkpoint-N/`.
+pub fn is_adapter_dir(dir: &Path) -> bool {
+    dir.join(crate::peft::ADAPTER_CONFIG).is_file() && !dir.join("config.json").exists()
+}
+
+/// The `base_model_name_or_path` of adapter directory `dir` (`None` when it names none); as a
+/// run writes it, the config's `model` (a path, or `default`).
+pub fn adapter_base_name(dir: &Path) -> Result<Option<String>> {
+    let path = dir.join(crate::peft::ADAPTER_CONFIG);
+    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ModelError::bad_file(&path, format!("not valid JSON ({e})")))?;
+    Ok(v.get("base_model_name_or_path")
+        .and_then(serde_json::Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string))
+}
+
+/// The LoRA adapter in directory `adapter` loaded over the model at `base` and merged into its
+/// weights: a plain model that generates and scores as the trained policy did. A GGUF base's
+/// quantised blocks are dropped (the merged weights differ from them); tokenizer and
+/// generation defaults come from the base.
+pub fn load_adapter_merged(adapter: &Path, base: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    let mut loaded = load_model(base, opts)?;
+    loaded.model.drop_quantized();
+    crate::peft::load_adapter(&mut loaded.model, adapter)?;
+    crate::lora::merge_lora(&mut loaded.model)?;
+    loaded.source = adapter.to_path_buf();
+    Ok(loaded)
 }
 
 /// An HF directory's config, weights by name, and `(source dtype, tensor count)`.
