@@ -24,8 +24,8 @@ pub struct SampledPreferencesArgs {
     /// `top_p`, ...), `max_completion_length` and `[[rewards]]` label the pairs.
     #[arg(long, short = 'c')]
     pub config: PathBuf,
-    /// Model to sample (HF dir, .gguf, a run's `final/`, or "default"); default: the config's
-    /// `model`.
+    /// Model to sample (HF dir, .gguf, a run's `final/`, `adapter/` or `checkpoint-N/`, or
+    /// "default"); default: the config's `model`.
     #[arg(long)]
     pub model: Option<String>,
     /// Output directory: a DatasetDict with `train` and `test` preference rows (`prompt`,
@@ -72,8 +72,9 @@ pub fn run(a: SampledPreferencesArgs) -> Result<()> {
     check_output(&a.output, a.overwrite)?;
     let model_path = default_model::resolve(&cfg.args.model)?;
     let device = parse_device(&a.device)?;
-    let loaded = rlft_model::load::load_model(
+    let loaded = crate::common::load_any(
         &model_path,
+        None,
         &rlft_model::load::LoadOptions {
             device: device.clone(),
             dtype: candle_core::DType::F32,
