@@ -23,7 +23,8 @@ use candle_core::{DType, Storage, Tensor, Var};
 use rayon::prelude::*;
 
 use crate::cpu::{
-    axpy, f32_slice_mut, float_slice, is_fusable, scaled_copy, with_cpu_mut, FloatSlice, CHUNK,
+    axpy, f32_slice_mut, float_slice, is_fusable, on_cpu_path, scaled_copy, with_cpu_mut,
+    FloatSlice, CHUNK,
 };
 use crate::error::{Result, TrainError};
 
@@ -169,7 +170,7 @@ impl GradAccumulator {
 /// Whether `g` is a contiguous f32 CPU tensor spanning its whole storage (not a view into a
 /// larger buffer), so it can serve as an accumulation sum and be updated in place.
 fn owns_f32_storage(g: &Tensor) -> bool {
-    if !(g.device().is_cpu() && g.dtype() == DType::F32 && g.is_contiguous()) {
+    if !(on_cpu_path(g) && g.dtype() == DType::F32 && g.is_contiguous()) {
         return false;
     }
     let (s, l) = g.storage_and_layout();
@@ -221,7 +222,7 @@ fn scaled_copy_tensor(g: &Tensor, weight: f64) -> Result<Tensor> {
 
 /// `sum += w * g` in place on the CPU; `false` if either tensor is not handled there.
 fn add_in_place(sum: &Tensor, g: &Tensor, w: f32) -> Result<bool> {
-    if !(is_fusable(g) && sum.device().is_cpu() && sum.dtype() == DType::F32) {
+    if !(is_fusable(g) && on_cpu_path(sum) && sum.dtype() == DType::F32) {
         return Ok(false);
     }
     let (gs, gl) = g.storage_and_layout();

@@ -17,8 +17,8 @@ use candle_core::{DType, Storage, Tensor, Var};
 use rayon::prelude::*;
 
 use crate::cpu::{
-    float_slice, float_slice_mut, scale_in_place, storage_id, sum_sq, with_cpu_mut, FloatSlice,
-    FloatSliceMut, CHUNK,
+    float_slice, float_slice_mut, on_cpu_path, scale_in_place, storage_id, sum_sq, with_cpu_mut,
+    FloatSlice, FloatSliceMut, CHUNK,
 };
 use crate::error::{Result, TrainError};
 
@@ -50,7 +50,7 @@ pub fn global_grad_norm(grads: &GradStore, vars: &[Var]) -> Result<f64> {
     let tensors = grad_tensors(grads, vars);
     let (cpu, other): (Vec<&Tensor>, Vec<&Tensor>) = tensors
         .into_iter()
-        .partition(|t| t.device().is_cpu() && t.is_contiguous());
+        .partition(|t| on_cpu_path(t) && t.is_contiguous());
     let mut total = cpu_sum_sq(&cpu)?;
     for t in other {
         let s = t
@@ -99,7 +99,7 @@ pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64) -> Res
     };
     let in_place: Vec<bool> = tensors
         .iter()
-        .map(|(_, g)| g.device().is_cpu() && g.is_contiguous() && !shared(storage_id(g)))
+        .map(|(_, g)| on_cpu_path(g) && g.is_contiguous() && !shared(storage_id(g)))
         .collect();
     // One parallel region over all tensors (and their chunks).
     let scaled: Vec<bool> = tensors

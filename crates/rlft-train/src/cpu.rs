@@ -119,9 +119,16 @@ pub(crate) fn f32_slice_mut<'a>(
     }
 }
 
-/// Whether the fused kernels can read or write `t` directly: CPU, contiguous, f32/bf16/f16.
+/// Whether `t` takes the in-place CPU paths: on the CPU, with the fused kernels on. Switched
+/// off (`rlft_kernels::fused::set_enabled(false)`, tests only), CPU tensors take the tensor-op
+/// path every other device takes, so that path can be tested without a GPU.
+pub(crate) fn on_cpu_path(t: &Tensor) -> bool {
+    t.device().is_cpu() && rlft_kernels::fused::enabled()
+}
+
+/// Whether the fused kernels can read or write `t` directly: CPU path, contiguous, f32/bf16/f16.
 pub(crate) fn is_fusable(t: &Tensor) -> bool {
-    t.device().is_cpu()
+    on_cpu_path(t)
         && t.is_contiguous()
         && matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16)
 }

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use super::{ParamState, StepScalars};
 use crate::cpu::{
     adamw_chunk, adamw_master_chunk, f32_slice_mut, float_slice, float_slice_mut, is_fusable,
-    with_cpu_mut, AdamWCoefs, Elem, FloatSlice, FloatSliceMut, CHUNK,
+    on_cpu_path, with_cpu_mut, AdamWCoefs, Elem, FloatSlice, FloatSliceMut, CHUNK,
 };
 use crate::error::{Result, TrainError};
 
@@ -18,7 +18,7 @@ use crate::error::{Result, TrainError};
 /// state, f32/bf16/f16 gradient on the CPU (any layout).
 pub(super) fn can_update(st: &ParamState, grad: &Tensor) -> bool {
     let cpu_grad =
-        grad.device().is_cpu() && matches!(grad.dtype(), DType::F32 | DType::BF16 | DType::F16);
+        on_cpu_path(grad) && matches!(grad.dtype(), DType::F32 | DType::BF16 | DType::F16);
     is_fusable(st.var.as_tensor()) && cpu_grad && st.exp_avg.dtype() == DType::F32
 }
 
