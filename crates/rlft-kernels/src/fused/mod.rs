@@ -37,7 +37,8 @@ use crate::math::Real;
 static FUSED: AtomicBool = AtomicBool::new(true);
 
 /// Turns the fused training kernels on or off for the whole process (on by default). Off, the
-/// model uses candle's composites: for A/B measurements and equivalence tests only.
+/// model uses candle's composites, and rlft-train's optimizer, accumulation and clipping their
+/// tensor-op paths: what a non-CPU device runs, on the CPU. For A/B measurements and tests only.
 pub fn set_enabled(on: bool) {
     FUSED.store(on, Ordering::Relaxed);
 }
