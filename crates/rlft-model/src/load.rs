@@ -85,7 +85,9 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         return Err(ModelError::bad_file(
             dir,
             format!(
-                "is a PEFT LoRA adapter (over `{base}`), not a whole model: load it over its base                  with load_adapter_merged (the rlft commands do this when --model names an                  adapter directory), or use the run's merged `final/` directory"
+                "is a PEFT LoRA adapter (over `{base}`), not a whole model: load it over its base \
+                 with load_adapter_merged (the rlft commands do this when --model names an \
+                 adapter directory), or use the run's merged `final/` directory"
             ),
         ));
     }
