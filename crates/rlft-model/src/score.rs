@@ -399,25 +399,16 @@ fn load_score_adapter(dir: &Path, base: Option<&Path>, opts: &LoadOptions) -> Re
     let cfg_path = dir.join(crate::peft::ADAPTER_CONFIG);
     let base = match base {
         Some(b) => b.to_path_buf(),
-        None => {
-            let v: Value = serde_json::from_str(
-                &std::fs::read_to_string(&cfg_path).map_err(|e| ModelError::io(&cfg_path, e))?,
-            )
-            .map_err(|e| ModelError::bad_file(&cfg_path, format!("not valid JSON ({e})")))?;
-            let b = v
-                .get("base_model_name_or_path")
-                .and_then(Value::as_str)
-                .map(PathBuf::from)
-                .filter(|p| p.exists())
-                .ok_or_else(|| {
-                    ModelError::bad_file(
-                        &cfg_path,
-                        "names no base model on this machine (base_model_name_or_path); pass \
-                         the base explicitly",
-                    )
-                })?;
-            b
-        }
+        None => crate::load::adapter_base_name(dir)?
+            .map(PathBuf::from)
+            .filter(|p| p.exists())
+            .ok_or_else(|| {
+                ModelError::bad_file(
+                    &cfg_path,
+                    "names no base model on this machine (base_model_name_or_path); pass the \
+                     base explicitly",
+                )
+            })?,
     };
     let mut loaded = crate::load::load_model(&base, opts)?;
     loaded.model.drop_quantized();

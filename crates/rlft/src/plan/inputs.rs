@@ -407,7 +407,15 @@ pub fn model_rewards(
             let base = match &m.base {
                 Some(b) if b == &cfg.args.model => policy.to_path_buf(),
                 Some(b) => b.into(),
-                None => adapter_base(&adapter)?,
+                None => rlft_model::load::adapter_base_name(path)?
+                    .map(std::path::PathBuf::from)
+                    .ok_or_else(|| {
+                        PlanError::Invalid(format!(
+                            "{}: names no base model (base_model_name_or_path); give the \
+                             reward's `base`",
+                            adapter.display()
+                        ))
+                    })?,
             };
             (load_metadata(&base)?, false)
         } else {
@@ -430,19 +438,6 @@ pub fn model_rewards(
         });
     }
     Ok(out)
-}
-
-/// An adapter's `base_model_name_or_path`.
-fn adapter_base(adapter_config: &std::path::Path) -> Result<std::path::PathBuf, PlanError> {
-    let bad = |m: String| PlanError::Invalid(format!("{}: {m}", adapter_config.display()));
-    let text = std::fs::read_to_string(adapter_config).map_err(|e| bad(e.to_string()))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-    v.get("base_model_name_or_path")
-        .and_then(|b| b.as_str())
-        .map(std::path::PathBuf::from)
-        .ok_or_else(|| {
-            bad("names no base model (base_model_name_or_path); give the reward's `base`".into())
-        })
 }
 
 /// PPO's critic of an online config: none without `value_model`; the policy's shape and files
