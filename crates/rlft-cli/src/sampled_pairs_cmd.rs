@@ -8,7 +8,7 @@ use clap::Args;
 use rlft::config::grpo::GrpoConfig;
 use rlft::config::TrainerConfig;
 use rlft::grpo::setup::{eval_prompts, prompts, reward_set, sampling_settings, EVAL_BATCH};
-use rlft::rollout::pairs::{sampled_pairs, PairSettings, SampledPairs};
+use rlft::rollout::pairs::{reference_replies, sampled_pairs, PairSettings, SampledPairs};
 use rlft_data::synth::{save_splits, SaveFormats};
 use rlft_data::{load_dataset, Dataset};
 
@@ -42,6 +42,12 @@ pub struct SampledPreferencesArgs {
     /// `rlft data tiny-python-expr --preferences`), after the sampled ones.
     #[arg(long)]
     pub include: Option<PathBuf>,
+    /// Reference replies: a preference DatasetDict whose `chosen` replies, matched to the
+    /// prompts by prompt split by split, are each prompt's demonstration (e.g. the pairs of
+    /// `rlft data tiny-python-expr --preferences`). The rewards score it with the samples, and
+    /// the best and the worst sample scoring below it are paired against it as well.
+    #[arg(long)]
+    pub reference: Option<PathBuf>,
     /// Override a config key (repeatable), e.g. `--set num_generations=4`.
     #[arg(long = "set")]
     pub set: Vec<String>,
@@ -106,7 +112,31 @@ pub fn run(a: SampledPreferencesArgs) -> Result<()> {
             cfg.num_generations,
             items.len()
         );
-        let p = sampled_pairs(&loaded.model, &loaded.text, items, &mut rewards, &settings)?;
+        let refs = match &a.reference {
+            Some(dir) => {
+                let rows = load_dataset(dir, Some(name))
+                    .with_context(|| format!("--reference {}: split `{name}`", dir.display()))?
+                    .rows;
+                let refs = reference_replies(items, &cfg.prompt_column, settings.chat, &rows)
+                    .with_context(|| format!("--reference {}", dir.display()))?;
+                eprintln!(
+                    "{name}: {} of {} prompts have a reference reply in {}",
+                    refs.iter().flatten().count(),
+                    items.len(),
+                    dir.display()
+                );
+                refs
+            }
+            None => Vec::new(),
+        };
+        let p = sampled_pairs(
+            &loaded.model,
+            &loaded.text,
+            items,
+            &refs,
+            &mut rewards,
+            &settings,
+        )?;
         report(name, &p);
         let mut rows = p.rows;
         if let Some(dir) = &a.include {
@@ -138,12 +168,14 @@ pub fn run(a: SampledPreferencesArgs) -> Result<()> {
 
 fn report(name: &str, p: &SampledPairs) {
     println!(
-        "{name}: {} prompts, {} completions (mean reward {:.4}), {} pairs, {} prompts without \
-         a pair (all completions scored alike)",
+        "{name}: {} prompts, {} completions (mean reward {:.4}), {} pairs ({} against {} \
+         reference replies), {} prompts without a sampled pair (all completions scored alike)",
         p.prompts,
         p.completions,
         p.mean_reward,
         p.rows.len(),
+        p.reference_rows,
+        p.references,
         p.ties
     );
 }

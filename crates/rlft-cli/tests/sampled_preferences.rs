@@ -1,7 +1,8 @@
 //! `rlft data sampled-preferences` end to end on a tiny random model: every pair's chosen
 //! completion is the one the config's reward scores higher (checked against the regex the
-//! reward applies), the rows are seeded, `--include` appends a preference dataset, and a
-//! config that cannot make pairs is refused.
+//! reward applies), the rows are seeded, `--include` appends a preference dataset,
+//! `--reference` pairs a preference dataset's chosen replies against the samples scored below
+//! them, and a config that cannot make pairs is refused.
 
 mod common;
 
@@ -36,7 +37,11 @@ fn pairs_are_ordered_by_the_reward_and_seeded() {
     ];
     ok(&rlft(&[&tpe[..], &["4", "-o", &d("prompts")]].concat()));
     ok(&rlft(
-        &[&tpe[..], &["3", "--preferences", "-o", &d("prefs")]].concat(),
+        &[
+            &tpe[..],
+            &["3", "--preferences", "--jsonl", "-o", &d("prefs")],
+        ]
+        .concat(),
     ));
     let cfg = dir.path().join("pairs.toml");
     std::fs::write(
@@ -74,7 +79,7 @@ fn pairs_are_ordered_by_the_reward_and_seeded() {
     }
     let pairs = train.len();
     assert!(log.contains(&format!(
-        "{pairs} pairs, {} prompts without a pair",
+        "{pairs} pairs (0 against 0 reference replies), {} prompts without a sampled pair",
         12 - pairs
     )));
     // Same config and seed: the same rows.
@@ -92,6 +97,41 @@ fn pairs_are_ordered_by_the_reward_and_seeded() {
     assert_eq!(rows(&dir.path().join("c/test.jsonl")).len(), {
         rows(&dir.path().join("a/test.jsonl")).len() + 3
     });
+    // --reference: the synthetic pairs' chosen replies, matched by prompt, are paired against
+    // the samples that score below them (here: those without a letter).
+    let log = run(&d("r"), &["--reference", &d("prefs")]);
+    let with_ref = rows(&dir.path().join("r/train.jsonl"));
+    let refs: Vec<Value> = rows(&dir.path().join("prefs/train.jsonl"));
+    let reference_of = |prompt: &Value| {
+        refs.iter()
+            .find(|r| &r["prompt"] == prompt)
+            .map(|r| r["chosen"].clone())
+    };
+    // Both builders draw the same expressions for a seed, so every train prompt has one.
+    assert!(
+        log.contains("train: 12 of 12 prompts have a reference reply"),
+        "{log}"
+    );
+    let against: Vec<&Value> = with_ref
+        .iter()
+        .filter(|r| reference_of(&r["prompt"]).as_ref() == Some(&r["chosen"]))
+        .collect();
+    assert!(!against.is_empty(), "{log}");
+    for r in &against {
+        let j = r["rejected"][0]["content"].as_str().unwrap();
+        assert!(!j.chars().any(|ch| ch.is_ascii_alphabetic()), "{r}");
+        assert_eq!(
+            (&r["chosen_reward"], &r["rejected_reward"]),
+            (&1.0.into(), &0.0.into())
+        );
+    }
+    // The sampled pairs are the same as without references.
+    let sampled: Vec<&Value> = with_ref.iter().filter(|r| !against.contains(r)).collect();
+    assert_eq!(sampled, train.iter().collect::<Vec<_>>());
+    assert!(
+        log.contains(&format!("({} against", against.len())),
+        "{log}"
+    );
     // One completion per prompt cannot make a pair: refused with the fix.
     let out = rlft(&[
         "data",

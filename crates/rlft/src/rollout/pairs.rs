@@ -4,13 +4,19 @@
 //! collects a reward model's pairs (Llama 2, §3.2.1: pairs of the policy's own samples) and how
 //! iterative / online DPO labels them: the rejected replies are what the policy writes, so a
 //! reward model trained on them has seen the replies a policy trained against it starts from.
+//!
+//! With reference replies (a demonstration per prompt), each prompt's best and worst samples
+//! that score below its reference are also paired against it, as SPIN pairs a demonstration
+//! with the model's own sample (Chen et al. 2024, "Self-Play Fine-Tuning", §4): the reward
+//! model then orders what the model writes below what it should write, not only among itself.
 
 use rlft_rewards::RewardSet;
-use rlft_text::TextBundle;
+use rlft_text::{Message, TextBundle};
 use serde_json::{json, Map, Value};
 
 use super::eval::score_samples;
-use super::{rollout_model, sample_completions, RolloutSettings};
+use super::{rollout_model, sample_completions, RolloutSettings, Sample};
+use crate::data::preferences::{parse_row, Turns};
 use crate::data::prompts::PromptItem;
 use crate::error::{Result, TrainerError};
 use rlft_model::decoder::CausalLm;
@@ -39,6 +45,107 @@ pub fn pick_pair(scores: &[Option<f64>], texts: &[&str], min_gap: f64) -> Option
     }
     let worst = worst?;
     (best.1 - worst.1 > min_gap).then_some((best.0, worst.0))
+}
+
+/// The samples to pair against a prompt's reference reply scored `reference`: the first
+/// best-scored and the first worst-scored sample whose text differs from the reference's, each
+/// only when it scores below the reference by more than `min_gap` (one index when they are the
+/// same sample). Unscored samples and a NaN reference give none.
+pub fn reference_pairs(
+    reference: (&str, Option<f64>),
+    scores: &[Option<f64>],
+    texts: &[&str],
+    min_gap: f64,
+) -> Vec<usize> {
+    let Some(r) = reference.1.filter(|v| v.is_finite()) else {
+        return Vec::new();
+    };
+    let below: Vec<(usize, f64)> = scores
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| texts[i] != reference.0)
+        .filter_map(|(i, s)| {
+            s.filter(|v| v.is_finite() && r - v > min_gap)
+                .map(|v| (i, v))
+        })
+        .collect();
+    let (Some(&first), mut out) = (below.first(), Vec::new()) else {
+        return Vec::new();
+    };
+    let (mut best, mut worst) = (first, first);
+    for &(i, v) in &below {
+        if v > best.1 {
+            best = (i, v);
+        }
+        if v < worst.1 {
+            worst = (i, v);
+        }
+    }
+    out.push(best.0);
+    if worst.0 != best.0 && texts[worst.0] != texts[best.0] {
+        out.push(worst.0);
+    }
+    out
+}
+
+/// Reference replies for `items` from preference rows (`reference_rows`, e.g. the pairs of
+/// `rlft data tiny-python-expr --preferences`): a row whose prompt (explicit or implicit, as
+/// the preference trainers read it) equals an item's prompt gives its `chosen` reply as that
+/// item's reference; the first such row wins. A string prompt rendered with a chat template
+/// (`chat`) matches a one-user-message prompt, as [`pair_row`] writes it. A conversational
+/// `chosen` must be one assistant message of text.
+pub fn reference_replies(
+    items: &[PromptItem],
+    prompt_column: &str,
+    chat: bool,
+    reference_rows: &[Value],
+) -> Result<Vec<Option<String>>> {
+    let mut by_prompt: Vec<(Turns, String)> = Vec::new();
+    for (i, row) in reference_rows.iter().enumerate() {
+        let pref = parse_row(row, i)?;
+        let reply = match &pref.chosen {
+            Turns::Text(t) => t.clone(),
+            Turns::Messages(m) => match m.as_slice() {
+                [one] if one.role == "assistant" => one
+                    .content
+                    .as_ref()
+                    .and_then(|c| c.as_text())
+                    .map(str::to_string)
+                    .ok_or_else(|| not_one_reply(i))?,
+                _ => return Err(not_one_reply(i)),
+            },
+        };
+        if !by_prompt.iter().any(|(p, _)| *p == pref.prompt) {
+            by_prompt.push((pref.prompt, reply));
+        }
+    }
+    items
+        .iter()
+        .map(|item| {
+            let prompt = match item.row.get(prompt_column) {
+                Some(Value::String(s)) if chat => {
+                    Turns::Messages(vec![Message::new("user", s.as_str())])
+                }
+                Some(Value::String(s)) => Turns::Text(s.clone()),
+                Some(v) => match serde_json::from_value(v.clone()) {
+                    Ok(m) => Turns::Messages(m),
+                    Err(_) => return Ok(None),
+                },
+                None => return Ok(None),
+            };
+            Ok(by_prompt
+                .iter()
+                .find(|(p, _)| *p == prompt)
+                .map(|(_, r)| r.clone()))
+        })
+        .collect()
+}
+
+fn not_one_reply(row: usize) -> TrainerError {
+    TrainerError::Data(format!(
+        "reference row {row}: `chosen` is not one assistant message of text; a reference reply \
+         is a string or `[{{\"role\": \"assistant\", \"content\": \"...\"}}]`"
+    ))
 }
 
 /// One preference row from a prompt row, as the completions were sampled: with a chat
@@ -96,6 +203,10 @@ pub struct SampledPairs {
     pub completions: usize,
     /// Mean score of the scored completions.
     pub mean_reward: f64,
+    /// Prompts that had a reference reply.
+    pub references: usize,
+    /// Rows pairing a reference reply with a sample (within `rows`).
+    pub reference_rows: usize,
 }
 
 /// How [`sampled_pairs`] samples and pairs.
@@ -114,48 +225,71 @@ pub struct PairSettings {
 }
 
 /// Samples `num_generations` completions for each of `items`, scores them with `rewards` and
-/// makes one pair per prompt with [`pick_pair`] and [`pair_row`].
+/// makes one pair per prompt with [`pick_pair`] and [`pair_row`]. `references` (empty, or one
+/// per item) holds reference replies: each is scored with the samples, and
+/// [`reference_pairs`] pairs it against the prompt's samples that score below it.
 pub fn sampled_pairs(
     model: &CausalLm,
     text: &TextBundle,
     items: &[PromptItem],
+    references: &[Option<String>],
     rewards: &mut RewardSet,
     ps: &PairSettings,
 ) -> Result<SampledPairs> {
-    let (s, prompt_column, min_gap, batch) = (&ps.rollout, &ps.prompt_column, ps.min_gap, ps.batch);
+    if !references.is_empty() && references.len() != items.len() {
+        return Err(TrainerError::Data(format!(
+            "{} reference replies for {} prompts: pass one (or none) per prompt",
+            references.len(),
+            items.len()
+        )));
+    }
+    let (s, min_gap, batch) = (&ps.rollout, ps.min_gap, ps.batch);
     let gen_model = rollout_model(model)?;
     let mut out = SampledPairs::default();
     let mut sum = 0.0;
     let mut n_scored = 0usize;
     let idx: Vec<usize> = (0..items.len()).collect();
     for chunk in idx.chunks(batch.max(1)) {
-        let samples = sample_completions(&gen_model, text, items, chunk, s)?;
-        let scores = score_samples(rewards, items, &samples)?;
+        let mut samples = sample_completions(&gen_model, text, items, chunk, s)?;
+        let sampled = samples.len();
+        let mut ref_of = vec![None; items.len()];
         for &p in chunk {
-            let mine: Vec<usize> = (0..samples.len())
-                .filter(|&i| samples[i].prompt == p)
-                .collect();
-            let sc: Vec<Option<f64>> = mine
-                .iter()
-                .map(|&i| scores.is_scored(i).then_some(scores.total[i]))
-                .collect();
+            if let Some(Some(r)) = references.get(p) {
+                ref_of[p] = Some(samples.len());
+                samples.push(reference_sample(text, p, r, &s.eos_token_ids)?);
+            }
+        }
+        let scores = score_samples(rewards, items, &samples)?;
+        let score = |i: usize| scores.is_scored(i).then_some(scores.total[i]);
+        for &p in chunk {
+            let mine: Vec<usize> = (0..sampled).filter(|&i| samples[i].prompt == p).collect();
+            let sc: Vec<Option<f64>> = mine.iter().map(|&i| score(i)).collect();
             for v in sc.iter().flatten() {
                 sum += v;
                 n_scored += 1;
             }
             let texts: Vec<&str> = mine.iter().map(|&i| samples[i].text.as_str()).collect();
+            let row = |c: (&str, Option<f64>), r: (&str, Option<f64>)| {
+                let (c, r) = (
+                    (c.0, c.1.unwrap_or_default()),
+                    (r.0, r.1.unwrap_or_default()),
+                );
+                pair_row(&items[p].row, &ps.prompt_column, ps.chat, c, r)
+            };
             match pick_pair(&sc, &texts, min_gap) {
-                Some((c, r)) => out.rows.push(pair_row(
-                    &items[p].row,
-                    prompt_column,
-                    ps.chat,
-                    (&samples[mine[c]].text, sc[c].unwrap_or_default()),
-                    (&samples[mine[r]].text, sc[r].unwrap_or_default()),
-                )?),
+                Some((c, r)) => out.rows.push(row((texts[c], sc[c]), (texts[r], sc[r]))?),
                 None => out.ties += 1,
             }
+            if let Some(ri) = ref_of[p] {
+                let reference = (samples[ri].text.as_str(), score(ri));
+                out.references += 1;
+                for r in reference_pairs(reference, &sc, &texts, min_gap) {
+                    out.rows.push(row(reference, (texts[r], sc[r]))?);
+                    out.reference_rows += 1;
+                }
+            }
         }
-        out.completions += samples.len();
+        out.completions += sampled;
         out.prompts += chunk.len();
         progress(&out);
     }
@@ -167,12 +301,27 @@ pub fn sampled_pairs(
     Ok(out)
 }
 
+/// A reference reply as a sample of prompt `p`: its tokens (no special tokens added) and the
+/// first EOS id, as a sampled completion that ended holds them; never truncated.
+fn reference_sample(text: &TextBundle, p: usize, reply: &str, eos: &[u32]) -> Result<Sample> {
+    let mut completion_ids = text.encode(reply, false)?;
+    completion_ids.extend(eos.first());
+    Ok(Sample {
+        prompt: p,
+        completion_ids,
+        text: reply.to_string(),
+        truncated: false,
+        sampler_logprobs: None,
+    })
+}
+
 fn progress(p: &SampledPairs) {
     eprintln!(
-        "  {} prompts, {} completions, {} pairs",
+        "  {} prompts, {} completions, {} pairs ({} against a reference)",
         p.prompts,
         p.completions,
-        p.rows.len()
+        p.rows.len(),
+        p.reference_rows
     );
 }
 
@@ -196,6 +345,70 @@ mod tests {
         // NaN scores are not scores.
         let s = [Some(f64::NAN), Some(1.0), Some(0.0), None];
         assert_eq!(pick_pair(&s, &texts, 0.0), Some((1, 2)));
+    }
+
+    #[test]
+    fn references_pair_with_the_best_and_worst_sample_below_them() {
+        let texts = ["a", "b", "c", "d"];
+        let s = [Some(0.9), Some(0.0), Some(1.0), Some(0.0)];
+        // Below the reference's 1.0: a (best, 0.9) and b (first worst); c ties it.
+        assert_eq!(
+            reference_pairs(("ref", Some(1.0)), &s, &texts, 0.0),
+            vec![0, 1]
+        );
+        // min_gap: 0.9 is not more than 0.5 below.
+        assert_eq!(
+            reference_pairs(("ref", Some(1.0)), &s, &texts, 0.5),
+            vec![1]
+        );
+        // All samples tie among themselves (no sampled pair) but lose to the reference.
+        let zeros = [Some(0.0); 4];
+        assert_eq!(
+            reference_pairs(("ref", Some(1.0)), &zeros, &texts, 0.0),
+            vec![0]
+        );
+        // A sample equal to the reference's text, unscored samples, and a NaN reference.
+        let same = ["ref", "b", "c", "d"];
+        let s = [Some(0.0), None, Some(0.5), Some(0.5)];
+        assert_eq!(reference_pairs(("ref", Some(1.0)), &s, &same, 0.0), vec![2]);
+        assert!(reference_pairs(("ref", Some(f64::NAN)), &s, &texts, 0.0).is_empty());
+        assert!(reference_pairs(("ref", None), &s, &texts, 0.0).is_empty());
+        // A reference the samples beat pairs with nothing.
+        assert!(reference_pairs(("ref", Some(0.0)), &[Some(1.0)], &["a"], 0.0).is_empty());
+    }
+
+    #[test]
+    fn reference_replies_match_prompts() {
+        let item = |prompt: Value| PromptItem {
+            row_index: 0,
+            ids: Vec::new(),
+            text: String::new(),
+            row: json!({ "prompt": prompt }),
+        };
+        let user = |t: &str| json!([{"role": "user", "content": t}]);
+        let said = |t: &str| json!([{"role": "assistant", "content": t}]);
+        let refs = [
+            json!({"prompt": user("1+1"), "chosen": said("2"), "rejected": said("3")}),
+            json!({"prompt": user("1+1"), "chosen": said("two"), "rejected": said("3")}),
+            json!({"prompt": "2+2=", "chosen": "4", "rejected": "5"}),
+        ];
+        let items = [
+            item(user("1+1")),
+            item(json!("1+1")),
+            item(json!("2+2=")),
+            item(user("9")),
+        ];
+        // The first row of a prompt wins; a string prompt under a chat template is one user
+        // message; without a template it matches a string prompt.
+        let got = reference_replies(&items, "prompt", true, &refs).unwrap();
+        assert_eq!(got, [Some("2".into()), Some("2".into()), None, None]);
+        let got = reference_replies(&items, "prompt", false, &refs).unwrap();
+        assert_eq!(got, [Some("2".into()), None, Some("4".into()), None]);
+        // A chosen conversation of more than one assistant message is refused, naming the row.
+        let two = json!({"prompt": user("1"), "chosen": [{"role": "assistant", "content": "a"},
+            {"role": "user", "content": "b"}], "rejected": said("c")});
+        let err = reference_replies(&items, "prompt", true, &[two]).unwrap_err();
+        assert!(err.to_string().contains("reference row 0"), "{err}");
     }
 
     #[test]
