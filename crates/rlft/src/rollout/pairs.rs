@@ -243,7 +243,7 @@ pub fn sampled_pairs(
             items.len()
         )));
     }
-    let (s, min_gap, batch) = (&ps.rollout, ps.min_gap, ps.batch);
+    let (s, batch) = (&ps.rollout, ps.batch);
     let gen_model = rollout_model(model)?;
     let mut out = SampledPairs::default();
     let mut sum = 0.0;
@@ -269,25 +269,8 @@ pub fn sampled_pairs(
                 n_scored += 1;
             }
             let texts: Vec<&str> = mine.iter().map(|&i| samples[i].text.as_str()).collect();
-            let row = |c: (&str, Option<f64>), r: (&str, Option<f64>)| {
-                let (c, r) = (
-                    (c.0, c.1.unwrap_or_default()),
-                    (r.0, r.1.unwrap_or_default()),
-                );
-                pair_row(&items[p].row, &ps.prompt_column, ps.chat, c, r)
-            };
-            match pick_pair(&sc, &texts, min_gap) {
-                Some((c, r)) => out.rows.push(row((texts[c], sc[c]), (texts[r], sc[r]))?),
-                None => out.ties += 1,
-            }
-            if let Some(ri) = ref_of[p] {
-                let reference = (samples[ri].text.as_str(), score(ri));
-                out.references += 1;
-                for r in reference_pairs(reference, &sc, &texts, min_gap) {
-                    out.rows.push(row(reference, (texts[r], sc[r]))?);
-                    out.reference_rows += 1;
-                }
-            }
+            let reference = ref_of[p].map(|ri| (samples[ri].text.as_str(), score(ri)));
+            add_pairs(&mut out, &items[p].row, ps, (&texts, &sc), reference)?;
         }
         out.completions += sampled;
         out.prompts += chunk.len();
@@ -299,6 +282,38 @@ pub fn sampled_pairs(
         f64::NAN
     };
     Ok(out)
+}
+
+/// Adds one prompt's rows to `out`: the sampled pair ([`pick_pair`]; a tie counted) and, with a
+/// scored `reference`, the reference against the samples [`reference_pairs`] picks.
+fn add_pairs(
+    out: &mut SampledPairs,
+    row: &Value,
+    ps: &PairSettings,
+    (texts, scores): (&[&str], &[Option<f64>]),
+    reference: Option<(&str, Option<f64>)>,
+) -> Result<()> {
+    let make = |c: (&str, Option<f64>), r: (&str, Option<f64>)| {
+        let (c, r) = (
+            (c.0, c.1.unwrap_or_default()),
+            (r.0, r.1.unwrap_or_default()),
+        );
+        pair_row(row, &ps.prompt_column, ps.chat, c, r)
+    };
+    match pick_pair(scores, texts, ps.min_gap) {
+        Some((c, r)) => out
+            .rows
+            .push(make((texts[c], scores[c]), (texts[r], scores[r]))?),
+        None => out.ties += 1,
+    }
+    if let Some(reference) = reference {
+        out.references += 1;
+        for r in reference_pairs(reference, scores, texts, ps.min_gap) {
+            out.rows.push(make(reference, (texts[r], scores[r]))?);
+            out.reference_rows += 1;
+        }
+    }
+    Ok(())
 }
 
 /// A reference reply as a sample of prompt `p`: its tokens (no special tokens added) and the
