@@ -90,7 +90,8 @@ pub struct EvalArgs {
     /// `base_model_name_or_path`).
     #[arg(long)]
     pub base: Option<String>,
-    /// Override a config key (repeatable), e.g. `--set eval_decoding=sampled`.
+    /// Override a config key (repeatable), e.g. `--set eval_decoding=sampled`; a number picks
+    /// an array entry: `--set rewards.0.weight=0.5`.
     #[arg(long = "set")]
     pub set: Vec<String>,
     /// Write every completion with its rewards to this JSONL file.

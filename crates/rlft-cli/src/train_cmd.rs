@@ -21,7 +21,8 @@ pub struct TrainArgs {
     /// crates/rlft/src/config/; examples under examples/).
     #[arg(long, short = 'c')]
     pub config: PathBuf,
-    /// Override a config key: `--set learning_rate=1e-4 --set lora.r=8` (repeatable).
+    /// Override a config key: `--set learning_rate=1e-4 --set lora.r=8` (repeatable); a number
+    /// picks an array entry: `--set rewards.0.path=rm/final`.
     #[arg(long = "set")]
     pub set: Vec<String>,
     /// Continue from the latest checkpoint in output_dir.

@@ -177,8 +177,9 @@ pub fn check_keys(
     Ok(())
 }
 
-/// Applies `key=value` overrides (dotted keys reach nested tables; the value is parsed as TOML,
-/// falling back to a plain string).
+/// Applies `key=value` overrides (dotted keys reach nested tables, and a number picks an entry
+/// of an array, as Hydra's `rewards.0.path`; the value is parsed as TOML, falling back to a
+/// plain string).
 pub fn apply_overrides(table: &mut toml::Table, sets: &[String]) -> Result<(), ConfigError> {
     for s in sets {
         let (key, raw) = s.split_once('=').ok_or_else(|| {
@@ -189,18 +190,60 @@ pub fn apply_overrides(table: &mut toml::Table, sets: &[String]) -> Result<(), C
             .ok()
             .and_then(|mut t| t.remove("v"))
             .unwrap_or_else(|| toml::Value::String(raw.to_string()));
-        let parts: Vec<&str> = key.trim().split('.').collect();
-        let mut cur = &mut *table;
-        for p in &parts[..parts.len() - 1] {
-            cur = cur
-                .entry(p.to_string())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()))
-                .as_table_mut()
-                .ok_or_else(|| ConfigError::Invalid(format!("`{p}` in `{key}` is not a table")))?;
+        let key = key.trim();
+        let parts: Vec<&str> = key.split('.').collect();
+        let (last, path) = parts.split_last().expect("split yields one part at least");
+        if last.parse::<usize>().is_ok() {
+            return Err(ConfigError::Invalid(format!(
+                "override `{key}` ends in an index; set a key of the entry instead, e.g. \
+                 `{key}.weight=0.5`"
+            )));
         }
-        cur.insert(parts[parts.len() - 1].to_string(), value);
+        let mut cur = &mut *table;
+        let mut i = 0;
+        while i < path.len() {
+            let indices: Vec<usize> = path[i + 1..].iter().map_while(|n| n.parse().ok()).collect();
+            let empty = match indices.is_empty() {
+                true => toml::Value::Table(toml::Table::new()),
+                false => toml::Value::Array(Vec::new()),
+            };
+            let slot = cur.entry(path[i].to_string()).or_insert(empty);
+            cur = step_into(slot, &path[..=i], &indices, key)?;
+            i += 1 + indices.len();
+        }
+        cur.insert(last.to_string(), value);
     }
     Ok(())
+}
+
+/// Walks from `slot` (the value at `at`) through `indices` (array positions) and returns the
+/// table the next key goes into: an error names the part of `key` that is not a table or not
+/// an array, or an index past the array's end.
+fn step_into<'a>(
+    mut slot: &'a mut toml::Value,
+    at: &[&str],
+    indices: &[usize],
+    key: &str,
+) -> Result<&'a mut toml::Table, ConfigError> {
+    let mut at = at.join(".");
+    for &i in indices {
+        let toml::Value::Array(a) = slot else {
+            return Err(ConfigError::Invalid(format!(
+                "`{at}` in `{key}` is not an array, so `{i}` cannot index it"
+            )));
+        };
+        let n = a.len();
+        slot = a.get_mut(i).ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "`{at}.{i}` in `{key}`: `{at}` has {n} {} (indices from 0); add the entry \
+                 to the config file",
+                if n == 1 { "entry" } else { "entries" }
+            ))
+        })?;
+        at = format!("{at}.{i}");
+    }
+    slot.as_table_mut()
+        .ok_or_else(|| ConfigError::Invalid(format!("`{at}` in `{key}` is not a table")))
 }
 
 /// Reads a TOML file into a table.
@@ -267,5 +310,34 @@ mod tests {
         assert_eq!(t["lora"]["r"].as_integer(), Some(8));
         assert_eq!(t["model"].as_str(), Some("default"));
         assert!(apply_overrides(&mut t, &["nokey".into()]).is_err());
+    }
+
+    #[test]
+    fn overrides_index_arrays_of_tables() {
+        let mut t: toml::Table = "[[rewards]]\ntype = \"rule\"\n[[rewards]]\ntype = \"model\"\n\
+                                  path = \"a\"\n[lora]\nr = 4"
+            .parse()
+            .unwrap();
+        let set = |t: &mut toml::Table, s: &str| apply_overrides(t, &[s.into()]);
+        set(&mut t, "rewards.1.path=b/final").unwrap();
+        set(&mut t, "rewards.0.weight=0.5").unwrap();
+        assert_eq!(t["rewards"][1]["path"].as_str(), Some("b/final"));
+        assert_eq!(t["rewards"][1]["type"].as_str(), Some("model"));
+        assert_eq!(t["rewards"][0]["weight"].as_float(), Some(0.5));
+        let err = |t: &mut toml::Table, s: &str| set(t, s).unwrap_err().to_string();
+        let e = err(&mut t, "rewards.2.path=c");
+        assert!(e.contains("`rewards` has 2 entries"), "{e}");
+        let e = err(&mut t, "lora.0.r=8");
+        assert!(e.contains("`lora` in `lora.0.r` is not an array"), "{e}");
+        let e = err(&mut t, "rewards.1=x");
+        assert!(e.contains("ends in an index"), "{e}");
+        let e = err(&mut t, "rewards.path=x");
+        assert!(
+            e.contains("`rewards` in `rewards.path` is not a table"),
+            "{e}"
+        );
+        // A missing array: no entries to index.
+        let e = err(&mut t, "judges.0.name=x");
+        assert!(e.contains("`judges` has 0 entries"), "{e}");
     }
 }
