@@ -1,10 +1,9 @@
 //! `rlft inspect`, `rlft tokenize`, `rlft logprobs`, `rlft convert`: the tools users reach for
 //! when a reward or a template misbehaves.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
 use rlft_model::config::RopeScaling;
@@ -211,7 +210,7 @@ pub struct LogprobsArgs {
 }
 
 /// Writes d(mean NLL of `ids`)/d(weight) for every weight of `m` to `path` (safetensors, f32,
-/// HF names; written to a temporary file, then renamed); returns the loss.
+/// HF names; written atomically); returns the loss.
 fn write_grads(m: &mut LoadedModel, ids: &[u32], path: &Path) -> Result<f32> {
     let vars = make_trainable(&mut m.model, |_| true)?;
     let dev = m.model.device().clone();
@@ -219,19 +218,17 @@ fn write_grads(m: &mut LoadedModel, ids: &[u32], path: &Path) -> Result<f32> {
     let lp = sequence_logprobs(&m.model, &nt.batch, &nt.targets, true)?;
     let loss = masked_mean_nll(&lp, &nt.mask)?;
     let grads = backward(&loss, &vars)?;
-    let mut out = HashMap::new();
+    let mut out = Vec::new();
     for (name, var) in &vars {
         let Some(g) = grads.get(var.as_tensor()) else {
             bail!("weight {name} got no gradient");
         };
-        out.insert(
+        out.push((
             name.clone(),
             g.to_dtype(DType::F32)?.to_device(&Device::Cpu)?,
-        );
+        ));
     }
-    let tmp = path.with_extension("safetensors.tmp");
-    candle_core::safetensors::save(&out, &tmp)?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    rlft_model::safetensors_io::write_file(path, &out)?;
     Ok(loss.to_dtype(DType::F32)?.to_scalar::<f32>()?)
 }
 

@@ -141,23 +141,7 @@ pub(crate) fn write_adapter(
     config: &Value,
 ) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
-    let path = dir.join(ADAPTER_WEIGHTS);
-    let tmp = dir.join(format!(".{ADAPTER_WEIGHTS}.tmp"));
-    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize_to_file(tensors.iter().map(|(n, t)| (n, t)), Some(meta), &tmp).map_err(
-        |e| {
-            ModelError::bad_file(
-                &tmp,
-                format!("cannot write safetensors ({e}); check disk space"),
-            )
-        },
-    )?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644));
-    }
-    std::fs::rename(&tmp, &path).map_err(|e| ModelError::io(&path, e))?;
+    crate::safetensors_io::write_file(&dir.join(ADAPTER_WEIGHTS), tensors)?;
     write_json_atomic(&dir.join(ADAPTER_CONFIG), config)
 }
 

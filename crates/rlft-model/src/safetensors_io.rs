@@ -115,6 +115,32 @@ fn view_to_tensor(view: &safetensors::tensor::TensorView<'_>, device: &Device) -
     Ok(Tensor::from_raw_buffer(data, dtype, &shape, device)?)
 }
 
+/// Writes `tensors` (on the CPU) to the safetensors file `path` with PyTorch's `format: pt`
+/// metadata, through a temporary file and a rename, readable by others (0644).
+pub fn write_file(path: &Path, tensors: &[(String, Tensor)]) -> Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "tensors.safetensors".into());
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(tensors.iter().map(|(n, t)| (n, t)), Some(meta), &tmp).map_err(
+        |e| {
+            ModelError::bad_file(
+                &tmp,
+                format!("cannot write safetensors ({e}); check disk space"),
+            )
+        },
+    )?;
+    // The writer creates its file private (0600); a model file is meant to be shared.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644));
+    }
+    std::fs::rename(&tmp, path).map_err(|e| ModelError::io(path, e))
+}
+
 /// Writes tensors as one `model.safetensors`, or as shards of at most `shard_bytes` with a
 /// `model.safetensors.index.json`, converting to `dtype`. Files are written to a temporary name
 /// and renamed, so an interrupted save never leaves a truncated file under the final name.
@@ -156,23 +182,7 @@ pub fn save_tensors(
             weight_map.insert(n.clone(), name.clone());
         }
         let path = dir.join(&name);
-        let tmp = dir.join(format!(".{name}.tmp"));
-        let map: HashMap<String, Tensor> = shard.into_iter().collect();
-        let mut meta = HashMap::new();
-        meta.insert("format".to_string(), "pt".to_string());
-        safetensors::serialize_to_file(map.iter(), Some(meta), &tmp).map_err(|e| {
-            ModelError::bad_file(
-                &tmp,
-                format!("cannot write safetensors ({e}); check disk space"),
-            )
-        })?;
-        // The writer creates its file private (0600); a model file is meant to be shared.
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644));
-        }
-        std::fs::rename(&tmp, &path).map_err(|e| ModelError::io(&path, e))?;
+        write_file(&path, &shard)?;
         written.push(path);
     }
     if count > 1 {
