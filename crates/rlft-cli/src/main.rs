@@ -89,7 +89,7 @@ enum Command {
     Report(report_cmd::ReportArgs),
     /// Print the path of the default model, fetching it if needed.
     FetchModel,
-    /// Standard benchmarks (generate, fwd_bwd, lora, adamw, ref_pass, grpo): median time, spread,
+    /// Standard benchmarks (generation, training steps of each trainer): median time, spread,
     /// peak RSS; --against-reference runs PyTorch/TRL beside each case and prints the ratio.
     #[command(
         after_help = "Environment: RLFT_OP_TIMES=1 prints seconds per step of each fused op's \
