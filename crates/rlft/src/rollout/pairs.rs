@@ -11,7 +11,9 @@
 //! model then orders what the model writes below what it should write, not only among itself.
 
 use rlft_rewards::RewardSet;
-use rlft_text::{Message, TextBundle};
+use std::collections::HashMap;
+
+use rlft_text::TextBundle;
 use serde_json::{json, Map, Value};
 
 use super::eval::score_samples;
@@ -100,7 +102,7 @@ pub fn reference_replies(
     chat: bool,
     reference_rows: &[Value],
 ) -> Result<Vec<Option<String>>> {
-    let mut by_prompt: Vec<(Turns, String)> = Vec::new();
+    let mut by_prompt: HashMap<String, String> = HashMap::new();
     for (i, row) in reference_rows.iter().enumerate() {
         let pref = parse_row(row, i)?;
         let reply = match &pref.chosen {
@@ -115,30 +117,45 @@ pub fn reference_replies(
                 _ => return Err(not_one_reply(i)),
             },
         };
-        if !by_prompt.iter().any(|(p, _)| *p == pref.prompt) {
-            by_prompt.push((pref.prompt, reply));
-        }
+        by_prompt.entry(prompt_key(&pref.prompt)?).or_insert(reply);
     }
     items
         .iter()
         .map(|item| {
-            let prompt = match item.row.get(prompt_column) {
-                Some(Value::String(s)) if chat => {
-                    Turns::Messages(vec![Message::new("user", s.as_str())])
-                }
-                Some(Value::String(s)) => Turns::Text(s.clone()),
-                Some(v) => match serde_json::from_value(v.clone()) {
+            let prompt = match item.row.get(prompt_column).map(|p| pair_prompt(p, chat)) {
+                Some(Value::String(s)) => Turns::Text(s),
+                Some(v) => match serde_json::from_value(v) {
                     Ok(m) => Turns::Messages(m),
                     Err(_) => return Ok(None),
                 },
                 None => return Ok(None),
             };
-            Ok(by_prompt
-                .iter()
-                .find(|(p, _)| *p == prompt)
-                .map(|(_, r)| r.clone()))
+            Ok(by_prompt.get(&prompt_key(&prompt)?).cloned())
         })
         .collect()
+}
+
+/// A prompt as a lookup key: equal keys for equal prompts (object keys sorted, as `Message`'s
+/// equality ignores the order of its extra fields), text and conversations apart.
+fn prompt_key(prompt: &Turns) -> Result<String> {
+    fn sorted(v: Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let mut kv: Vec<(String, Value)> = m.into_iter().collect();
+                kv.sort_by(|a, b| a.0.cmp(&b.0));
+                Value::Object(kv.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+            }
+            Value::Array(a) => Value::Array(a.into_iter().map(sorted).collect()),
+            v => v,
+        }
+    }
+    Ok(match prompt {
+        Turns::Text(t) => format!("t{t}"),
+        Turns::Messages(m) => {
+            let v = serde_json::to_value(m).map_err(|e| TrainerError::Data(e.to_string()))?;
+            format!("m{}", sorted(v))
+        }
+    })
 }
 
 fn not_one_reply(row: usize) -> TrainerError {
@@ -146,6 +163,15 @@ fn not_one_reply(row: usize) -> TrainerError {
         "reference row {row}: `chosen` is not one assistant message of text; a reference reply \
          is a string or `[{{\"role\": \"assistant\", \"content\": \"...\"}}]`"
     ))
+}
+
+/// A prompt row's prompt as a preference row holds it: under a chat template (`chat`) a string
+/// prompt becomes one user message, as the online trainers render it; anything else is kept.
+fn pair_prompt(prompt: &Value, chat: bool) -> Value {
+    match prompt {
+        Value::String(s) if chat => json!([{"role": "user", "content": s}]),
+        p => p.clone(),
+    }
 }
 
 /// One preference row from a prompt row, as the completions were sampled: with a chat
@@ -166,10 +192,7 @@ pub fn pair_row(
             "a prompt row has no `{prompt_column}` column; set `prompt_column`"
         ))
     })?;
-    let prompt = match prompt {
-        Value::String(s) if chat => json!([{"role": "user", "content": s}]),
-        p => p.clone(),
-    };
+    let prompt = pair_prompt(prompt, chat);
     let reply = |text: &str| match chat {
         true => json!([{"role": "assistant", "content": text}]),
         false => json!(text),
@@ -252,16 +275,16 @@ pub fn sampled_pairs(
     for chunk in idx.chunks(batch.max(1)) {
         let mut samples = sample_completions(&gen_model, text, items, chunk, s)?;
         let sampled = samples.len();
-        let mut ref_of = vec![None; items.len()];
-        for &p in chunk {
+        let mut ref_of = vec![None; chunk.len()];
+        for (k, &p) in chunk.iter().enumerate() {
             if let Some(Some(r)) = references.get(p) {
-                ref_of[p] = Some(samples.len());
+                ref_of[k] = Some(samples.len());
                 samples.push(reference_sample(text, p, r, &s.eos_token_ids)?);
             }
         }
         let scores = score_samples(rewards, items, &samples)?;
         let score = |i: usize| scores.is_scored(i).then_some(scores.total[i]);
-        for &p in chunk {
+        for (k, &p) in chunk.iter().enumerate() {
             let mine: Vec<usize> = (0..sampled).filter(|&i| samples[i].prompt == p).collect();
             let sc: Vec<Option<f64>> = mine.iter().map(|&i| score(i)).collect();
             for v in sc.iter().flatten() {
@@ -269,7 +292,7 @@ pub fn sampled_pairs(
                 n_scored += 1;
             }
             let texts: Vec<&str> = mine.iter().map(|&i| samples[i].text.as_str()).collect();
-            let reference = ref_of[p].map(|ri| (samples[ri].text.as_str(), score(ri)));
+            let reference = ref_of[k].map(|ri| (samples[ri].text.as_str(), score(ri)));
             add_pairs(&mut out, &items[p].row, ps, (&texts, &sc), reference)?;
         }
         out.completions += sampled;
@@ -417,6 +440,12 @@ mod tests {
         // message; without a template it matches a string prompt.
         let got = reference_replies(&items, "prompt", true, &refs).unwrap();
         assert_eq!(got, [Some("2".into()), Some("2".into()), None, None]);
+        // Extra message fields match in any order.
+        let named = json!({"prompt": [{"name": "u", "role": "user", "content": "9"}],
+            "chosen": said("nine"), "rejected": said("0")});
+        let asked = item(json!([{"role": "user", "content": "9", "name": "u"}]));
+        let got = reference_replies(&[asked], "prompt", true, &[named]).unwrap();
+        assert_eq!(got, [Some("nine".into())]);
         let got = reference_replies(&items, "prompt", false, &refs).unwrap();
         assert_eq!(got, [Some("2".into()), None, Some("4".into()), None]);
         // A chosen conversation of more than one assistant message is refused, naming the row.
