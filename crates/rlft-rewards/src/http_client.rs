@@ -123,6 +123,20 @@ impl Url {
         body: Option<&[u8]>,
         timeout: Duration,
     ) -> Result<Response, HttpError> {
+        self.request_with(method, body, &[], timeout)
+    }
+
+    /// [`Url::request`] with extra header lines `(name, value)`, e.g. `Authorization`; a
+    /// value with a line break is refused (it would start another header). Values are never
+    /// part of an error message.
+    pub fn request_with(
+        &self,
+        method: &str,
+        body: Option<&[u8]>,
+        headers: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Result<Response, HttpError> {
+        let head = self.head(method, body.map(<[u8]>::len), headers)?;
         let deadline = Instant::now() + timeout;
         let left = || {
             deadline
@@ -156,23 +170,6 @@ impl Url {
             }
         };
         let _ = stream.set_nodelay(true);
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
-        let content = match body {
-            Some(b) => format!(
-                "Content-Type: application/json\r\nContent-Length: {}\r\n",
-                b.len()
-            ),
-            None => String::new(),
-        };
-        let head = format!(
-            "{method} {} HTTP/1.1\r\nHost: {host}:{}\r\nUser-Agent: rlft\r\n{content}Accept: \
-             application/json\r\nConnection: close\r\n\r\n",
-            self.path, self.port,
-        );
         let io = |e: std::io::Error, stage: &'static str| {
             if is_timeout(&e) {
                 timed_out(stage)
@@ -224,6 +221,38 @@ impl Url {
                 )));
             }
         }
+    }
+
+    /// The request line and headers (a JSON body of `body_len` bytes when given).
+    fn head(
+        &self,
+        method: &str,
+        body_len: Option<usize>,
+        headers: &[(&str, &str)],
+    ) -> Result<String, HttpError> {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        let mut extra = match body_len {
+            Some(n) => format!("Content-Type: application/json\r\nContent-Length: {n}\r\n"),
+            None => String::new(),
+        };
+        for (name, value) in headers {
+            if [name, value].iter().any(|s| s.contains(['\r', '\n'])) {
+                return Err(HttpError::Failed(format!(
+                    "header `{}` has a line break",
+                    name.escape_debug()
+                )));
+            }
+            extra.push_str(&format!("{name}: {value}\r\n"));
+        }
+        Ok(format!(
+            "{method} {} HTTP/1.1\r\nHost: {host}:{}\r\nUser-Agent: rlft\r\n{extra}Accept: \
+             application/json\r\nConnection: close\r\n\r\n",
+            self.path, self.port,
+        ))
     }
 
     /// Resolves the host in a helper thread so that a slow resolver cannot outlast the deadline.
@@ -421,6 +450,22 @@ mod tests {
             .contains("must start with http://"));
         assert!(parse_url("http://x:99999/").unwrap_err().contains("port"));
         assert!(parse_url("http:///a").unwrap_err().contains("no host"));
+    }
+
+    #[test]
+    fn extra_headers_go_in_the_head_and_line_breaks_are_refused() {
+        let u = parse_url("http://127.0.0.1:8000/v1/models").unwrap();
+        let head = u
+            .head("GET", None, &[("Authorization", "Bearer k")])
+            .unwrap();
+        assert!(head.starts_with("GET /v1/models HTTP/1.1\r\n"), "{head}");
+        assert!(head.contains("\r\nAuthorization: Bearer k\r\n"), "{head}");
+        assert!(head.ends_with("\r\n\r\n") && !head.contains("Content-Length"));
+        let e = u
+            .head("GET", Some(2), &[("Authorization", "Bearer k\r\nX: y")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("line break") && !e.contains("Bearer"), "{e}");
     }
 
     #[test]

@@ -257,6 +257,7 @@ pub const GRPO_KEYS: &[&str] = &[
     "vllm_server_host",
     "vllm_server_port",
     "vllm_server_timeout",
+    "vllm_server_api_key",
     "vllm_importance_sampling_correction",
     "vllm_importance_sampling_mode",
     "vllm_importance_sampling_clip_max",
@@ -657,6 +658,7 @@ mod tests {
                 vllm_server_base_url: Some(crate::config::vllm::ServerUrls::One("u".into())),
                 vllm_importance_sampling_clip_min: Some(0.5),
                 vllm_importance_sampling_cap: Some(3.0),
+                vllm_server_api_key: Some(crate::config::vllm::Secret::new("k")),
                 ..Default::default()
             },
             ..Default::default()

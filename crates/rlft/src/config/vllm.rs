@@ -14,6 +14,10 @@
 //! - `vllm_mode = "colocate"` has no rlft counterpart: the in-process rollout
 //!   (`use_vllm = false`) already shares the trainer's weights.
 //! - TOML has no null: `vllm_importance_sampling_clip_max = inf` stands for TRL's `None`.
+//! - `vllm_server_api_key` (rlft's; TRL has no key) is sent as `Authorization: Bearer KEY` to
+//!   servers started with `--api-key` (rlft serve, vLLM); unset, `RLFT_API_KEY` is used. The
+//!   key is never printed: a config echoed or saved (`config.toml`, `run_summary.json`) shows
+//!   `"***"` in its place.
 
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +45,42 @@ pub enum ServerUrls {
     Many(Vec<String>),
 }
 
+/// The environment variable `vllm_server_api_key` falls back to (`rlft serve` reads it too).
+pub const API_KEY_ENV: &str = "RLFT_API_KEY";
+
+/// What a saved or printed config shows instead of a secret.
+pub const MASKED: &str = "***";
+
+/// A secret read from the config: [`MASKED`] whenever the config is printed (`Debug`) or
+/// serialised (the run's `config.toml` and `run_summary.json`), so it is never written in clear.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// A secret holding `s`.
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+
+    /// The value, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(MASKED)
+    }
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(MASKED)
+    }
+}
+
 /// The rollout-server keys (flat keys of an online config).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
@@ -59,6 +99,10 @@ pub struct VllmSettings {
     /// Seconds to wait for each server to be up at start, and the limit of one request; a
     /// server that misses it is dropped and its prompt groups go to the others.
     pub vllm_server_timeout: f64,
+    /// The servers' API key (`rlft serve --api-key`, vLLM `--api-key`), sent as
+    /// `Authorization: Bearer KEY`; unset = the `RLFT_API_KEY` environment variable, or none.
+    /// Saved and printed configs show `"***"`.
+    pub vllm_server_api_key: Option<Secret>,
     /// Weight the policy loss by the trainer/sampler probability ratio (TRL
     /// `vllm_importance_sampling_correction`).
     pub vllm_importance_sampling_correction: bool,
@@ -82,6 +126,7 @@ impl Default for VllmSettings {
             vllm_server_host: "0.0.0.0".into(),
             vllm_server_port: 8000,
             vllm_server_timeout: 240.0,
+            vllm_server_api_key: None,
             vllm_importance_sampling_correction: true,
             vllm_importance_sampling_mode: IsMode::SequenceMask,
             vllm_importance_sampling_clip_max: 3.0,
@@ -99,6 +144,7 @@ pub const VLLM_KEYS: &[&str] = &[
     "vllm_server_host",
     "vllm_server_port",
     "vllm_server_timeout",
+    "vllm_server_api_key",
     "vllm_importance_sampling_correction",
     "vllm_importance_sampling_mode",
     "vllm_importance_sampling_clip_max",
@@ -128,6 +174,22 @@ impl VllmSettings {
                 u.strip_suffix("/v1").unwrap_or(u).to_string()
             })
             .collect()
+    }
+
+    /// The key to send the servers: `vllm_server_api_key`, else `RLFT_API_KEY` (unset or
+    /// empty: none), checked to fit an HTTP header.
+    pub fn api_key(&self) -> Result<Option<String>, ConfigError> {
+        if let Some(k) = &self.vllm_server_api_key {
+            check_api_key(k.expose(), "vllm_server_api_key")?;
+            return Ok(Some(k.expose().to_string()));
+        }
+        match std::env::var(API_KEY_ENV) {
+            Ok(k) if !k.is_empty() => {
+                check_api_key(&k, API_KEY_ENV)?;
+                Ok(Some(k))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// The importance-sampling correction, when rollouts come from servers and it is on.
@@ -182,8 +244,28 @@ impl VllmSettings {
         if let Some(c) = self.correction() {
             c.check().map_err(ConfigError::Invalid)?;
         }
+        if let Some(k) = &self.vllm_server_api_key {
+            check_api_key(k.expose(), "vllm_server_api_key")?;
+        }
         Ok(())
     }
+}
+
+/// A key must be printable ASCII (an `Authorization` header carries it) and not the mask a saved
+/// config holds. The error never shows the key.
+fn check_api_key(key: &str, from: &str) -> Result<(), ConfigError> {
+    let why = if key == MASKED {
+        "is the mask a saved config.toml holds in place of the key (the key itself is never \
+         saved): set the real key, or leave the key out and set RLFT_API_KEY"
+    } else if key.is_empty() {
+        "is empty: set the key the servers were started with, or leave the key out"
+    } else if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        "has a character other than printable ASCII (spaces and line breaks included), which an \
+         Authorization header cannot carry"
+    } else {
+        return Ok(());
+    };
+    Err(ConfigError::Invalid(format!("{from} {why}")))
 }
 
 #[cfg(test)]
@@ -214,5 +296,38 @@ mod tests {
         v.vllm_importance_sampling_cap = Some(8.0);
         assert!(v.check(true).is_ok());
         assert_eq!(v.correction().unwrap().clip_max, 8.0);
+    }
+
+    #[test]
+    fn the_api_key_is_checked_and_never_shown() {
+        let mut v = VllmSettings {
+            use_vllm: true,
+            vllm_mode: VllmMode::Server,
+            vllm_server_api_key: Some(Secret::new("sk-top-secret")),
+            ..Default::default()
+        };
+        assert!(v.check(true).is_ok());
+        assert_eq!(v.api_key().unwrap().as_deref(), Some("sk-top-secret"));
+        let shown = [
+            format!("{v:?}"),
+            serde_json::to_string(&v).unwrap(),
+            toml::to_string(&v).unwrap(),
+        ];
+        for s in &shown {
+            assert!(!s.contains("top-secret") && s.contains(MASKED), "{s}");
+        }
+        // A saved config read back holds the mask, which is refused with the fix.
+        let back: VllmSettings = toml::from_str(&shown[2]).unwrap();
+        let e = back.check(true).unwrap_err().to_string();
+        assert!(
+            e.contains("vllm_server_api_key") && e.contains("RLFT_API_KEY"),
+            "{e}"
+        );
+        for bad in ["", "two words", "line\nbreak"] {
+            v.vllm_server_api_key = Some(Secret::new(bad));
+            let e = v.check(true).unwrap_err().to_string();
+            assert!(e.contains("vllm_server_api_key"), "{e}");
+            assert!(bad.is_empty() || !e.contains(bad), "{e}");
+        }
     }
 }

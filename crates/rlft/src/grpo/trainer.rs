@@ -477,7 +477,8 @@ fn connect_servers(cfg: &GrpoConfig) -> Result<Option<ServerPool>> {
     }
     let timeout = std::time::Duration::from_secs_f64(cfg.vllm.vllm_server_timeout);
     let root = cfg.args.output_dir.join("rollout_adapters");
-    let pool = ServerPool::connect(&cfg.vllm.urls(), timeout, &root)?;
+    let key = cfg.vllm.api_key()?;
+    let pool = ServerPool::connect(&cfg.vllm.urls(), timeout, &root, key.as_deref())?;
     eprintln!(
         "rollouts on {} server(s): {}",
         pool.live().len(),

@@ -16,7 +16,11 @@
 //!   `POST /v1/load_lora_adapter {"lora_name": "rlft-step-N", "lora_path": ...}` on every live
 //!   server; requests then name that model. The previous version is unloaded and deleted.
 //!   Loopback (or a shared file system) is assumed: the servers read the path the trainer
-//!   wrote.
+//!   wrote, so `rlft serve` must be started with `--allow-runtime-lora` naming
+//!   `<output_dir>/rollout_adapters` (or a directory above it).
+//! - With a key (`vllm_server_api_key` or `RLFT_API_KEY`) every request carries
+//!   `Authorization: Bearer KEY`; a 401 stops the run with a message about the key (which is
+//!   never printed).
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -24,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use rlft_rewards::http_client::{parse_url, HttpError, Url};
+use rlft_rewards::http_client::{parse_url, HttpError, Response, Url};
 use rlft_text::TextBundle;
 use serde_json::{json, Value};
 
@@ -41,6 +45,8 @@ const MAX_IN_FLIGHT: usize = 16;
 struct Server {
     /// Base URL as configured (no `/v1`).
     base: String,
+    /// `Bearer KEY`, when the servers want a key.
+    auth: Option<String>,
     alive: AtomicBool,
     /// Why it was dropped.
     why: Mutex<Option<String>>,
@@ -67,7 +73,26 @@ impl Server {
     fn is_alive(&self) -> bool {
         self.alive.load(Ordering::SeqCst)
     }
+
+    /// `method path` with the key's header when there is one.
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<Response, HttpError> {
+        let url = self.endpoint(path);
+        match &self.auth {
+            Some(a) => url.request_with(method, body, &[("Authorization", a)], timeout),
+            None => url.request(method, body, timeout),
+        }
+    }
 }
+
+/// What a 401 means to the person running the trainer.
+const KEY_HINT: &str = "the server wants an API key: set vllm_server_api_key (or RLFT_API_KEY) \
+                        to the key it was started with (rlft serve --api-key, vllm --api-key)";
 
 /// How a request failed.
 enum Failure {
@@ -79,10 +104,9 @@ enum Failure {
 
 /// Sends `body` to `path` of `s`, returns the JSON answer.
 fn call(s: &Server, path: &str, body: &Value, timeout: Duration) -> Result<Value, Failure> {
-    let url = s.endpoint(path);
     let bytes = body.to_string().into_bytes();
-    let r = url
-        .request("POST", Some(&bytes), timeout)
+    let r = s
+        .send("POST", path, Some(&bytes), timeout)
         .map_err(|e| match e {
             HttpError::Timeout { stage } => Failure::Server(format!(
                 "POST {path} timed out after {}s while {stage}",
@@ -96,11 +120,52 @@ fn call(s: &Server, path: &str, body: &Value, timeout: Duration) -> Result<Value
         // load_lora_adapter answers plain text.
         return Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)));
     }
-    let msg = format!("POST {path}: {}", r.ok().unwrap_err());
+    let mut msg = format!("POST {path}: {}", r.ok().unwrap_err());
+    if status == 401 {
+        msg = format!("{msg}; {KEY_HINT}");
+    }
     if status >= 500 || status == 404 || status == 429 {
         Err(Failure::Server(msg))
     } else {
         Err(Failure::Request(msg))
+    }
+}
+
+/// Polls `GET /v1/models` on `s` until it answers 200 (up), 401 (a key problem: dropped at
+/// once) or `deadline` passes (dropped).
+fn wait_until_up(s: &Server, deadline: Instant, timeout: Duration) {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let r = s.send(
+            "GET",
+            "/v1/models",
+            None,
+            left.max(Duration::from_millis(100)),
+        );
+        match r {
+            Ok(r) if r.status == 200 => return,
+            Ok(r) if r.status == 401 => {
+                let what = if s.auth.is_some() {
+                    "refused the API key"
+                } else {
+                    "answered 401"
+                };
+                s.drop_with(format!("GET /v1/models {what}: {KEY_HINT}"));
+                return;
+            }
+            _ if Instant::now() >= deadline => {
+                let why = match r {
+                    Ok(r) => format!("GET /v1/models answered `{}`", r.status_line),
+                    Err(e) => format!("GET /v1/models: {e}"),
+                };
+                s.drop_with(format!(
+                    "not up within vllm_server_timeout = {}s ({why})",
+                    timeout.as_secs_f64()
+                ));
+                return;
+            }
+            _ => std::thread::sleep(Duration::from_millis(250)),
+        }
     }
 }
 
@@ -115,39 +180,26 @@ pub struct ServerPool {
 
 impl ServerPool {
     /// Waits up to `timeout` for each of `urls` to answer `GET /v1/models`; servers that do
-    /// not are dropped with a warning, none answering is an error. Adapters are written under
-    /// `adapter_root`.
-    pub fn connect(urls: &[String], timeout: Duration, adapter_root: &Path) -> Result<Self> {
+    /// not (or refuse `api_key`) are dropped with a warning, none answering is an error.
+    /// Adapters are written under `adapter_root`.
+    pub fn connect(
+        urls: &[String],
+        timeout: Duration,
+        adapter_root: &Path,
+        api_key: Option<&str>,
+    ) -> Result<Self> {
         let deadline = Instant::now() + timeout;
         let servers: Vec<Server> = urls
             .iter()
             .map(|u| Server {
                 base: u.clone(),
+                auth: api_key.map(|k| format!("Bearer {k}")),
                 alive: AtomicBool::new(true),
                 why: Mutex::new(None),
             })
             .collect();
         for s in &servers {
-            let url = s.endpoint("/v1/models");
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                let r = url.request("GET", None, left.max(Duration::from_millis(100)));
-                match r {
-                    Ok(r) if r.status == 200 => break,
-                    _ if Instant::now() >= deadline => {
-                        let why = match r {
-                            Ok(r) => format!("GET /v1/models answered `{}`", r.status_line),
-                            Err(e) => format!("GET /v1/models: {e}"),
-                        };
-                        s.drop_with(format!(
-                            "not up within vllm_server_timeout = {}s ({why})",
-                            timeout.as_secs_f64()
-                        ));
-                        break;
-                    }
-                    _ => std::thread::sleep(Duration::from_millis(250)),
-                }
-            }
+            wait_until_up(s, deadline, timeout);
         }
         let pool = ServerPool {
             servers,
@@ -209,10 +261,12 @@ impl ServerPool {
                 Err(Failure::Request(m)) => {
                     return Err(TrainerError::Other(format!(
                         "rollout server {} refused the adapter {}: {m}. Does it serve the same \
-                         base model, with runtime LoRA enabled (vLLM: --enable-lora and \
+                         base model, with runtime LoRA enabled for that directory (rlft serve \
+                         --allow-runtime-lora {}; vLLM: --enable-lora and \
                          VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)?",
                         s.base,
-                        dir.display()
+                        dir.display(),
+                        self.adapter_root.display()
                     )))
                 }
             }
