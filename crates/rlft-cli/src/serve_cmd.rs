@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use rlft_serve::{EngineConfig, Registry, ServeOptions};
+use rlft_serve::{AdapterDir, ApiKey, EngineConfig, Registry, ServeOptions};
 
 use crate::common::{load, ModelArgs};
 
@@ -16,7 +16,7 @@ pub struct ServeArgs {
     /// A LoRA adapter (PEFT directory) served as model NAME (repeatable): `--lora NAME=PATH`.
     #[arg(long = "lora", value_name = "NAME=PATH")]
     pub lora: Vec<String>,
-    /// Address to listen on.
+    /// Address to listen on (an address other machines reach, e.g. 0.0.0.0, wants --api-key).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// Port (0 picks a free one; the address is printed on stderr).
@@ -37,6 +37,29 @@ pub struct ServeArgs {
     /// Largest request body in MiB; larger ones get 413.
     #[arg(long, default_value_t = 4)]
     pub max_body_mb: usize,
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health (401 otherwise);
+    /// default: the RLFT_API_KEY environment variable (which keeps the key out of `ps`).
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Turn on /v1/load_lora_adapter and /v1/unload_lora_adapter (off by default), loading only
+    /// adapters under DIR (`..` and symlinks out of it are refused); for a trainer's rollouts,
+    /// its <output_dir>/rollout_adapters.
+    #[arg(long, value_name = "DIR")]
+    pub allow_runtime_lora: Option<PathBuf>,
+}
+
+/// The environment variable `--api-key` falls back to.
+pub const API_KEY_ENV: &str = "RLFT_API_KEY";
+
+/// The key from `--api-key`, else from `RLFT_API_KEY` (unset or empty: none).
+fn api_key(flag: Option<&str>) -> Result<Option<ApiKey>> {
+    let env = std::env::var(API_KEY_ENV).ok();
+    let (key, from) = match (flag, env.as_deref()) {
+        (Some(k), _) => (k, "--api-key"),
+        (None, Some(k)) if !k.is_empty() => (k, API_KEY_ENV),
+        _ => return Ok(None),
+    };
+    Ok(Some(ApiKey::new(key).with_context(|| from.to_string())?))
 }
 
 /// Parses `NAME=PATH`.
@@ -59,6 +82,13 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if a.max_num_seqs == 0 || a.max_body_mb == 0 {
         bail!("--max-num-seqs and --max-body-mb must be at least 1");
     }
+    let api_key = api_key(a.api_key.as_deref())?;
+    let runtime_lora = a
+        .allow_runtime_lora
+        .as_deref()
+        .map(AdapterDir::new)
+        .transpose()
+        .context("--allow-runtime-lora")?;
     let m = load(&a.model)?;
     let name = a.served_model_name.clone().unwrap_or(a.model.model.clone());
     let registry = Registry::new(m, &name)?;
@@ -77,6 +107,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
             max_num_batched_tokens: a.max_num_batched_tokens,
         },
         max_body_bytes: a.max_body_mb << 20,
+        api_key,
+        runtime_lora,
     };
     rlft_serve::serve(registry, opts)?;
     Ok(())

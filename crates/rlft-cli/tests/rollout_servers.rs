@@ -8,7 +8,13 @@
 //!   sampler log-probs follow it: the trainer/sampler difference stays at float noise while
 //!   the policy moves away from the base by far more (KL);
 //! - killing one server mid-run moves its groups to the other and the run takes every step;
-//! - with no server left the run stops with a clear error.
+//! - with no server left the run stops with a clear error;
+//! - servers with an API key: the trainer sends `vllm_server_api_key` and never writes it to its
+//!   logs, `config.toml` or `run_summary.json`; a wrong key stops the run with a message about
+//!   the key.
+//!
+//! The servers load adapters only from the trainer's `<output_dir>/rollout_adapters`
+//! (`--allow-runtime-lora`), as docs/serve.md tells operators to start them.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -28,9 +34,16 @@ struct Server {
 }
 
 impl Server {
-    fn start(model: &Path) -> Server {
+    /// `rlft serve` on the tiny model under `dir`, loading runtime adapters from the server
+    /// run's `out_servers/rollout_adapters`, with `extra` arguments.
+    fn start(dir: &Path, extra: &[&str]) -> Server {
+        let model = dir.join("model");
+        let adapters = dir.join("out_servers/rollout_adapters");
         let mut child = Command::new(env!("CARGO_BIN_EXE_rlft"))
             .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
+            .args(["--allow-runtime-lora", adapters.to_str().unwrap()])
+            .args(extra)
+            .env_remove("RLFT_API_KEY")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -148,7 +161,18 @@ pattern = "[a-z]"
 fn grpo(cfg: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_rlft"));
     c.args(["grpo", "--config", cfg.to_str().unwrap()]);
+    c.env_remove("RLFT_API_KEY");
     c
+}
+
+/// Adds `vllm_server_api_key = KEY` to the config at `cfg`.
+fn with_key(cfg: &Path, key: &str) {
+    let text = std::fs::read_to_string(cfg).unwrap();
+    let text = text.replace(
+        "vllm_server_timeout = 60\n",
+        &format!("vllm_server_timeout = 60\nvllm_server_api_key = \"{key}\"\n"),
+    );
+    std::fs::write(cfg, text).unwrap();
 }
 
 fn ok(out: Output) -> String {
@@ -178,13 +202,22 @@ fn grpo_on_two_servers_matches_in_process_metrics_and_follows_the_adapter() {
     let tmp = tempfile::tempdir().unwrap();
     let steps = 3;
     let local = setup(tmp.path(), &[], steps);
+    // Both servers want a key; the trainer sends it from its config.
+    let key = "rollout-fleet-key-42";
     let (a, b) = (
-        Server::start(&tmp.path().join("model")),
-        Server::start(&tmp.path().join("model")),
+        Server::start(tmp.path(), &["--api-key", key]),
+        Server::start(tmp.path(), &["--api-key", key]),
     );
     let cfg = setup(tmp.path(), &[&a.url, &b.url], steps);
+    with_key(&cfg, key);
     let err = ok(grpo(&cfg).output().unwrap());
     assert!(err.contains("rollouts on 2 server(s)"), "{err}");
+    assert!(!err.contains(key), "the key is not logged");
+    for f in ["config.toml", "run_summary.json"] {
+        let text = std::fs::read_to_string(tmp.path().join("out_servers").join(f)).unwrap();
+        assert!(!text.contains(key), "{f} holds the key in clear");
+        assert!(text.contains("vllm_server_api_key"), "{f}: {text}");
+    }
     ok(grpo(&local).output().unwrap());
 
     let served = metrics(&tmp.path().join("out_servers"));
@@ -249,8 +282,8 @@ fn killing_a_server_mid_run_moves_its_work_to_the_other() {
     let tmp = tempfile::tempdir().unwrap();
     let steps = 5;
     setup(tmp.path(), &[], steps);
-    let mut a = Server::start(&tmp.path().join("model"));
-    let b = Server::start(&tmp.path().join("model"));
+    let mut a = Server::start(tmp.path(), &[]);
+    let b = Server::start(tmp.path(), &[]);
     let cfg = setup(tmp.path(), &[&a.url, &b.url], steps);
     let mut run = grpo(&cfg)
         .stdout(Stdio::null())
@@ -279,6 +312,42 @@ fn killing_a_server_mid_run_moves_its_work_to_the_other() {
     let names: Vec<String> = (0..steps).map(|s| format!("rlft-step-{s}")).collect();
     assert_eq!(b.loaded(), names, "{}", b.log());
     assert!(!a.loaded().contains(&"rlft-step-4".to_string()));
+}
+
+#[test]
+fn a_wrong_api_key_stops_the_run_with_a_message_about_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    setup(tmp.path(), &[], 2);
+    let s = Server::start(tmp.path(), &["--api-key", "the-right-key"]);
+    let cfg = setup(tmp.path(), &[&s.url], 2);
+    with_key(&cfg, "a-wrong-key");
+    let out = grpo(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("vllm_server_api_key"), "{err}");
+    assert!(
+        !err.contains("a-wrong-key") && !err.contains("the-right-key"),
+        "{err}"
+    );
+    // No key at all: the same advice, from the environment's side too.
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        text.replace("vllm_server_api_key = \"a-wrong-key\"\n", ""),
+    )
+    .unwrap();
+    let out = grpo(&cfg).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("RLFT_API_KEY"), "{err}");
+    // The key from the environment is enough to get past the check (the run itself is the
+    // first test's business: one step here).
+    let out = grpo(&cfg)
+        .args(["--set", "max_steps=1"])
+        .env("RLFT_API_KEY", "the-right-key")
+        .output()
+        .unwrap();
+    ok(out);
 }
 
 #[test]

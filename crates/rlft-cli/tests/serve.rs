@@ -2,7 +2,9 @@
 //! printed address) and a real HTTP client (curl). Greedy and seeded answers equal `rlft
 //! generate`'s tokens, streams concatenate to the plain answer, concurrent requests batch
 //! without changing a seeded answer, bad requests get OpenAI-shaped errors while the server
-//! keeps serving, LoRA adapters load and unload at run time, and Ctrl-C drains.
+//! keeps serving, LoRA adapters load and unload at run time (from under the directory
+//! `--allow-runtime-lora` names, only), `--api-key` / `RLFT_API_KEY` guard every endpoint but
+//! `/health`, and Ctrl-C drains.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -26,11 +28,19 @@ impl Server {
     /// Starts `rlft serve --model <default> --served-model-name smol --port 0 ARGS` and waits
     /// for its address.
     fn start(args: &[&str]) -> Server {
+        Self::start_with_env(args, &[])
+    }
+
+    /// [`Server::start`] with extra environment variables (and `RLFT_API_KEY` unset unless
+    /// given).
+    fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
         let model = fixtures::default_model().display().to_string();
         let mut child = Command::new(env!("CARGO_BIN_EXE_rlft"))
             .args(["serve", "--model", &model, "--served-model-name", "smol"])
             .args(["--port", "0"])
             .args(args)
+            .env_remove("RLFT_API_KEY")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -64,8 +74,16 @@ impl Server {
 
     /// `curl` with `body` on stdin (POST) or none (GET): the status and the body.
     fn request(&self, path: &str, body: Option<&[u8]>) -> (u16, String) {
+        self.request_with(path, body, &[])
+    }
+
+    /// [`Server::request`] with extra header lines (`"Authorization: Bearer KEY"`).
+    fn request_with(&self, path: &str, body: Option<&[u8]>, headers: &[&str]) -> (u16, String) {
         let mut cmd = Command::new("curl");
         cmd.args(["-sS", "-o", "-", "-w", "\n%{http_code}"]);
+        for h in headers {
+            cmd.args(["-H", h]);
+        }
         if body.is_some() {
             cmd.args([
                 "-H",
@@ -492,7 +510,8 @@ fn lora_adapters_serve_by_name_and_load_at_run_time() {
     let dir = tmp.path().join("adapter");
     write_adapter(&dir);
     let arg = format!("tuned={}", dir.display());
-    let s = Server::start(&["--lora", &arg]);
+    let root = tmp.path().display().to_string();
+    let s = Server::start(&["--lora", &arg, "--allow-runtime-lora", &root]);
     let (_, models) = s.request("/v1/models", None);
     let models: Value = serde_json::from_str(&models).unwrap();
     assert_eq!(models["data"][1]["id"], "tuned");
@@ -542,7 +561,88 @@ fn lora_adapters_serve_by_name_and_load_at_run_time() {
         &json!({"lora_name": "x", "lora_path": tmp.path().join("missing").display().to_string()}),
     );
     assert_eq!(code, 400, "{v}");
+    // Outside the directory --allow-runtime-lora names: refused, naming it.
+    let (code, v) = s.post(
+        "/v1/load_lora_adapter",
+        &json!({"lora_name": "x", "lora_path": format!("{root}/../..")}),
+    );
+    assert_eq!(code, 403, "{v}");
+    assert_eq!(v["error"]["code"], "lora_path_not_allowed");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains(&root),
+        "{v}"
+    );
     assert!(s.log().contains("loaded LoRA adapter `again`"));
+    assert!(s.log().contains("runtime LoRA loading on"), "{}", s.log());
+}
+
+#[test]
+fn runtime_adapter_loading_is_off_by_default() {
+    let s = Server::start(&[]);
+    let (code, v) = s.post(
+        "/v1/load_lora_adapter",
+        &json!({"lora_name": "x", "lora_path": "/tmp"}),
+    );
+    assert_eq!(code, 403, "{v}");
+    assert_eq!(v["error"]["code"], "runtime_lora_disabled");
+    let (code, v) = s.post("/v1/unload_lora_adapter", &json!({"lora_name": "x"}));
+    assert_eq!(code, 403, "{v}");
+}
+
+#[test]
+fn an_api_key_guards_every_endpoint_but_health() {
+    let body = chat("Say hi.", json!({"max_tokens": 4}));
+    let body = body.to_string();
+    let check = |s: &Server, key: &str| {
+        let call = |headers: &[&str]| {
+            let (code, text) =
+                s.request_with("/v1/chat/completions", Some(body.as_bytes()), headers);
+            (code, serde_json::from_str::<Value>(&text).unwrap())
+        };
+        let (code, v) = call(&[]);
+        assert_eq!(code, 401, "{v}");
+        assert_eq!(v["error"]["code"], "invalid_api_key");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        let (code, v) = call(&["Authorization: Bearer not-the-key"]);
+        assert_eq!(code, 401, "{v}");
+        let bearer = format!("Authorization: Bearer {key}");
+        let (code, v) = call(&[&bearer]);
+        assert_eq!(code, 200, "{v}");
+        assert_eq!(s.request("/v1/models", None).0, 401);
+        assert_eq!(s.request_with("/v1/models", None, &[&bearer]).0, 200);
+        assert_eq!(s.request("/health", None).0, 200, "/health stays open");
+        assert!(
+            !s.log().contains(key),
+            "the key is never logged: {}",
+            s.log()
+        );
+    };
+    check(
+        &Server::start(&["--api-key", "flag-key-123"]),
+        "flag-key-123",
+    );
+    check(
+        &Server::start_with_env(&[], &[("RLFT_API_KEY", "env-key-456")]),
+        "env-key-456",
+    );
+    // The flag wins over the environment.
+    let s = Server::start_with_env(
+        &["--api-key", "flag-key-123"],
+        &[("RLFT_API_KEY", "env-key-456")],
+    );
+    check(&s, "flag-key-123");
+
+    // No key on an address other machines reach: a warning; on loopback: none.
+    let open = Server::start(&["--host", "0.0.0.0"]);
+    assert!(
+        open.log().contains("warning: listening on 0.0.0.0:") && open.log().contains("--api-key"),
+        "{}",
+        open.log()
+    );
+    assert!(!Server::start(&[]).log().contains("warning"));
+    assert!(!Server::start(&["--host", "0.0.0.0", "--api-key", "k"])
+        .log()
+        .contains("warning"));
 }
 
 #[test]

@@ -43,6 +43,21 @@ impl ApiError {
         }
     }
 
+    /// 403: the server's configuration does not allow this (`code` says which rule).
+    pub fn forbidden(
+        param: Option<&'static str>,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        ApiError {
+            status: StatusCode::FORBIDDEN,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param,
+            code: Some(code),
+        }
+    }
+
     /// 404 for a model name the server does not serve (OpenAI's `model_not_found`).
     pub fn unknown_model(name: &str, served: &[String]) -> Self {
         ApiError {

@@ -10,19 +10,30 @@
 //! - [`registry`]: the models by name, the base and LoRA adapters (PEFT directories), loaded
 //!   and unloaded at run time through vLLM's `/v1/load_lora_adapter` and
 //!   `/v1/unload_lora_adapter`.
-//! - [`protocol`], [`prepare`]: request bodies, and their checks into an engine job.
+//!   Runtime loading is off unless the operator names a directory the adapters must come from
+//!   ([`adapter_dir`]).
+//! - [`auth`]: the API key every endpoint but `/health` needs when one is set.
+//! - [`protocol`], [`validate`], [`prepare`]: request bodies, their fields checked one by one
+//!   (a 400 names the field and its range), and the checks into an engine job.
 //! - [`respond`]: answers and stream chunks; [`error`]: errors in OpenAI's JSON shape.
 //! - [`server`]: routes, the body limit, and draining on Ctrl-C.
 //!
 //! ```no_run
 //! # fn demo(loaded: rlft_model::LoadedModel) -> Result<(), Box<dyn std::error::Error>> {
-//! use rlft_serve::{serve, Registry, ServeOptions};
+//! use rlft_serve::{serve, AdapterDir, ApiKey, Registry, ServeOptions};
 //! let registry = Registry::new(loaded, "default")?;
 //! registry.load_adapter("my-lora", std::path::Path::new("out/adapter"), false)?;
-//! serve(registry, ServeOptions::default())?; // until Ctrl-C
+//! let opts = ServeOptions {
+//!     api_key: Some(ApiKey::new("my-secret")?), // requests send `Authorization: Bearer my-secret`
+//!     runtime_lora: Some(AdapterDir::new(std::path::Path::new("out/grpo/rollout_adapters"))?),
+//!     ..ServeOptions::default()
+//! };
+//! serve(registry, opts)?; // until Ctrl-C
 //! # Ok(()) }
 //! ```
 
+pub mod adapter_dir;
+pub mod auth;
 pub mod engine;
 pub mod error;
 pub mod prepare;
@@ -30,7 +41,10 @@ pub mod protocol;
 pub mod registry;
 pub mod respond;
 pub mod server;
+pub mod validate;
 
+pub use adapter_dir::{AdapterDir, AdapterPathError};
+pub use auth::{ApiKey, ApiKeyError};
 pub use engine::{Engine, EngineConfig, Event, Job, ServedModel, SubmitError};
 pub use registry::{Registry, RegistryError};
 pub use server::{serve, ServeError, ServeOptions};

@@ -1,5 +1,7 @@
 //! From a request body to an engine [`Job`]: the model by name, the prompt (chat template or
 //! raw text/ids), and the sampling fields checked and resolved against the model's defaults.
+//! Field types and ranges come checked by [`crate::validate`]; the checks here are those that
+//! need the model (the context length, the vocabulary) or refuse what is not implemented.
 
 use std::sync::Arc;
 
@@ -8,7 +10,7 @@ use rlft_text::{RenderOptions, StopStrings};
 
 use crate::engine::{random_seed, Job, ServedModel};
 use crate::error::ApiError;
-use crate::protocol::{ChatRequest, Common, CompletionRequest, Prompt};
+use crate::protocol::{ChatRequest, Common, CompletionRequest, Prompt, ResponseFormatType};
 use crate::registry::Registry;
 
 /// Most alternatives per position `top_logprobs` / `logprobs` may ask for (vLLM's limit).
@@ -218,6 +220,16 @@ fn job(
                 format!("{param} is not supported; use repetition_penalty (1 = off) instead"),
             ));
         }
+    }
+    if c.response_format
+        .as_ref()
+        .is_some_and(|f| f.kind != ResponseFormatType::Text)
+    {
+        return Err(ApiError::bad_param(
+            "response_format",
+            "only {\"type\": \"text\"} is supported (no JSON mode or structured output); \
+             ask for JSON in the prompt and parse the text",
+        ));
     }
     if c.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
         return Err(ApiError::bad_param(

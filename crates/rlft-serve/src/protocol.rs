@@ -1,6 +1,7 @@
 //! The request bodies of the OpenAI API (and vLLM's extensions) that the server reads. Unknown
 //! fields are ignored, as OpenAI-compatible servers do; fields that would change the output and
-//! are not implemented are read so that they can be refused with a clear message.
+//! are not implemented are read so that they can be refused with a clear message. Each field's
+//! type and range is checked first by [`crate::validate`], which names the field in its error.
 
 use rlft_text::Message;
 use serde::Deserialize;
@@ -32,6 +33,26 @@ pub struct StreamOptions {
     /// Send a last chunk with the token counts (`choices: []`, `usage`).
     #[serde(default)]
     pub include_usage: bool,
+}
+
+/// `response_format.type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResponseFormatType {
+    /// Plain text (the only one served).
+    Text,
+    /// JSON mode: refused.
+    JsonObject,
+    /// Structured output: refused.
+    JsonSchema,
+}
+
+/// `response_format`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ResponseFormat {
+    /// The format.
+    #[serde(rename = "type")]
+    pub kind: ResponseFormatType,
 }
 
 /// Fields shared by `/v1/chat/completions` and `/v1/completions`.
@@ -70,6 +91,8 @@ pub struct Common {
     pub frequency_penalty: Option<f32>,
     /// Not implemented: refused when set.
     pub logit_bias: Option<Map<String, Value>>,
+    /// Only `{"type": "text"}` is served; JSON modes are refused.
+    pub response_format: Option<ResponseFormat>,
 }
 
 /// `POST /v1/chat/completions`.

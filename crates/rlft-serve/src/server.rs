@@ -1,25 +1,27 @@
-//! The HTTP side: routes, the JSON body reader, the admin endpoints, and the server's life
-//! (bind, serve, drain on Ctrl-C or SIGTERM, stop).
+//! The HTTP side: routes, the API key, the JSON body reader, the admin endpoints, and the
+//! server's life (bind, serve, drain on Ctrl-C or SIGTERM, stop).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
 use axum::http::{header, StatusCode};
+use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
+use crate::adapter_dir::{AdapterDir, AdapterPathError};
+use crate::auth::{require_key, ApiKey};
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{json_response, ApiError};
 use crate::protocol::{ChatRequest, CompletionRequest, LoadLora, UnloadLora};
 use crate::registry::{Registry, RegistryError};
-use crate::{prepare, respond};
+use crate::validate::Checked;
+use crate::{prepare, respond, validate};
 
 /// How the server runs.
 #[derive(Debug, Clone)]
@@ -32,6 +34,12 @@ pub struct ServeOptions {
     pub engine: EngineConfig,
     /// Largest request body in bytes; larger ones get 413.
     pub max_body_bytes: usize,
+    /// The key every request but `/health` must carry (`Authorization: Bearer KEY`); `None`:
+    /// open to anyone who can connect.
+    pub api_key: Option<ApiKey>,
+    /// Where `/v1/load_lora_adapter` may read adapters from; `None`: the runtime adapter
+    /// endpoints are off (403).
+    pub runtime_lora: Option<AdapterDir>,
 }
 
 impl Default for ServeOptions {
@@ -41,6 +49,8 @@ impl Default for ServeOptions {
             port: 8000,
             engine: EngineConfig::default(),
             max_body_bytes: 4 << 20,
+            api_key: None,
+            runtime_lora: None,
         }
     }
 }
@@ -54,10 +64,15 @@ pub struct AppState {
     pub registry: Arc<Registry>,
     /// Body limit in bytes.
     pub max_body_bytes: usize,
+    /// The API key requests must carry.
+    pub api_key: Option<ApiKey>,
+    /// Where runtime adapters may come from (`None`: runtime loading is off).
+    pub runtime_lora: Option<AdapterDir>,
 }
 
-/// The routes of the server.
+/// The routes of the server, behind the API key check (`/health` excepted).
 pub fn router(state: AppState) -> Router {
+    let key = state.api_key.clone();
     Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
@@ -68,23 +83,21 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async { ApiError::not_found("no such endpoint").into_response() })
         // `ApiJson` applies the limit itself, with an OpenAI-shaped 413.
         .layer(DefaultBodyLimit::disable())
+        .layer(from_fn_with_state(key, require_key))
         .with_state(state)
 }
 
-/// A JSON body read with the server's size limit; errors in OpenAI's shape (400 for bad JSON,
+/// A JSON body read with the server's size limit and checked field by field
+/// ([`validate::parse`]); errors in OpenAI's shape (400 for bad JSON or a bad field, naming it;
 /// 413 for a body over the limit).
 pub struct ApiJson<T>(pub T);
 
-impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
+impl<T: Checked> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
         let bytes = read_body(req.into_body(), state.max_body_bytes).await?;
-        serde_json::from_slice(&bytes).map(ApiJson).map_err(|e| {
-            ApiError::bad_request(format!(
-                "the request body is not valid JSON for this endpoint: {e}"
-            ))
-        })
+        validate::parse(&bytes).map(ApiJson)
     }
 }
 
@@ -171,9 +184,39 @@ async fn generate(s: &AppState, p: Result<prepare::Prepared, ApiError>) -> Respo
     }
 }
 
+/// 403 for the runtime adapter endpoints of a server started without a directory for them.
+fn runtime_lora_off() -> Response {
+    ApiError::forbidden(
+        None,
+        "runtime_lora_disabled",
+        "loading and unloading LoRA adapters at run time is off on this server; start rlft \
+         serve with --allow-runtime-lora DIR to load adapters from under DIR (for a trainer: \
+         the directory its adapters are written to, <output_dir>/rollout_adapters)",
+    )
+    .into_response()
+}
+
+fn adapter_path_error(e: AdapterPathError) -> ApiError {
+    match e {
+        AdapterPathError::Outside { .. } => {
+            ApiError::forbidden(Some("lora_path"), "lora_path_not_allowed", e.to_string())
+        }
+        AdapterPathError::RootMissing { .. } | AdapterPathError::NotADirectory { .. } => {
+            ApiError::bad_param("lora_path", e.to_string())
+        }
+    }
+}
+
 async fn load_lora(State(s): State<AppState>, ApiJson(req): ApiJson<LoadLora>) -> Response {
+    let Some(dir) = &s.runtime_lora else {
+        return runtime_lora_off();
+    };
+    let path = match dir.resolve(&req.lora_path) {
+        Ok(p) => p,
+        Err(e) => return adapter_path_error(e).into_response(),
+    };
     let reg = s.registry.clone();
-    let (name, path) = (req.lora_name.clone(), PathBuf::from(&req.lora_path));
+    let name = req.lora_name.clone();
     let loaded =
         tokio::task::spawn_blocking(move || reg.load_adapter(&name, &path, req.load_inplace)).await;
     match loaded {
@@ -190,6 +233,9 @@ async fn load_lora(State(s): State<AppState>, ApiJson(req): ApiJson<LoadLora>) -
 }
 
 async fn unload_lora(State(s): State<AppState>, ApiJson(req): ApiJson<UnloadLora>) -> Response {
+    if s.runtime_lora.is_none() {
+        return runtime_lora_off();
+    }
     match s.registry.unload_adapter(&req.lora_name) {
         Ok(()) => {
             eprintln!("unloaded LoRA adapter `{}`", req.lora_name);
@@ -261,10 +307,13 @@ async fn serve_async(registry: Registry, opts: ServeOptions) -> Result<(), Serve
         what: "reading the bound address".into(),
         source,
     })?;
+    warn_if_open(&local, &opts);
     let state = AppState {
         engine: Arc::new(Engine::start(opts.engine.clone())),
         registry: Arc::new(registry),
         max_body_bytes: opts.max_body_bytes,
+        api_key: opts.api_key.clone(),
+        runtime_lora: opts.runtime_lora.clone(),
     };
     eprintln!(
         "listening on http://{local} (models: {}; OpenAI API under /v1; Ctrl-C drains and stops)",
@@ -281,6 +330,34 @@ async fn serve_async(registry: Registry, opts: ServeOptions) -> Result<(), Serve
         })?;
     eprintln!("stopped");
     Ok(())
+}
+
+/// Says what the access settings are: a warning for a server without a key on an address
+/// other machines can reach, and where runtime adapters may come from.
+fn warn_if_open(local: &SocketAddr, opts: &ServeOptions) {
+    if let Some(dir) = &opts.runtime_lora {
+        let note = if dir.path().is_dir() {
+            ""
+        } else {
+            " (it does not exist yet)"
+        };
+        eprintln!(
+            "runtime LoRA loading on: /v1/load_lora_adapter reads adapters from under {}{note}",
+            dir.path().display()
+        );
+    }
+    if opts.api_key.is_none() && !local.ip().is_loopback() {
+        eprintln!(
+            "warning: listening on {local} without an API key: anyone who can reach this address \
+             can generate{}. Set --api-key KEY or RLFT_API_KEY, and put a TLS reverse proxy in \
+             front of it (docs/serve.md, \"Running a rollout fleet safely\")",
+            if opts.runtime_lora.is_some() {
+                " and load adapters"
+            } else {
+                ""
+            }
+        );
+    }
 }
 
 /// Resolves once a signal came and the engine has finished every request it had.
