@@ -2,9 +2,12 @@
 
 Starts `rlft serve` on 127.0.0.1 (a free port) on the default model, runs plain, streamed, n > 1
 and log-prob requests for chat and text completions, checks greedy parity with `rlft generate`,
-sends bad input (malformed JSON, unknown model, max_tokens beyond the context, a 10 MB body, a
-client that disconnects mid-stream) and checks the server keeps serving, then stops it with
-Ctrl-C (SIGINT) and checks it drains and exits 0.
+sends bad input (malformed JSON, unknown model, max_tokens beyond the context or below 1, a 10 MB
+body, a client that disconnects mid-stream) and checks the server keeps serving, then stops it
+with Ctrl-C (SIGINT) and checks it drains and exits 0. Then a server started with `--api-key`:
+the client with that key works, a wrong key raises `openai.AuthenticationError`, and curl
+without the key gets 401 everywhere but `/health`; runtime adapter loading is refused (403)
+unless `--allow-runtime-lora` names a directory, and then outside that directory.
 
     cargo build --release -p rlft-cli
     ~/.cache/rlft/reference/venv/bin/python tests/serve/openai_client.py [--rlft target/release/rlft]
@@ -41,9 +44,11 @@ def default_model():
 
 
 class Server:
-    def __init__(self, rlft, model):
+    def __init__(self, rlft, model, *extra):
+        env = {k: v for k, v in os.environ.items() if k != "RLFT_API_KEY"}
         self.proc = subprocess.Popen(
-            [rlft, "serve", "--model", model, "--served-model-name", "smol", "--port", "0"],
+            [rlft, "serve", "--model", model, "--served-model-name", "smol", "--port", "0", *extra],
+            env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -73,6 +78,16 @@ class Server:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
+
+
+def curl(url, *args):
+    """`curl` to `url`: (status, body)."""
+    out = subprocess.run(
+        ["curl", "-sS", "-o", "-", "-w", "\n%{http_code}", *args, url],
+        capture_output=True, text=True, check=True,
+    )
+    body, code = out.stdout.rsplit("\n", 1)
+    return int(code), body
 
 
 def check(name, cond, detail=""):
@@ -193,6 +208,19 @@ def main():
         check("max_tokens beyond context", False)
     except openai.BadRequestError as e:
         check("max_tokens beyond context -> 400", "maximum context length" in str(e))
+    try:
+        client.chat.completions.create(model="smol", messages=msgs, max_tokens=-1)
+        check("max_tokens = -1", False)
+    except openai.BadRequestError as e:
+        check("max_tokens = -1 -> 400 naming the field",
+              e.param == "max_tokens" and "max_tokens must be an integer >= 1, got -1" in str(e),
+              (e.param, str(e)))
+    try:
+        client.completions.create(model="smol", prompt="Hi", max_tokens=4, top_p=1.5)
+        check("top_p = 1.5", False)
+    except openai.BadRequestError as e:
+        check("top_p = 1.5 -> 400 naming the field and its range",
+              e.param == "top_p" and "a number > 0 and <= 1" in str(e), (e.param, str(e)))
     code, body = s.raw("/v1/chat/completions", b'{"model": "smol", "messages": [')
     check("malformed JSON -> 400", code == 400 and "message" in body["error"], body)
     big = json.dumps({"model": "smol", "prompt": "a" * (10 << 20)}).encode()
@@ -215,10 +243,54 @@ def main():
     r = client.chat.completions.create(model="smol", messages=msgs, max_tokens=8)
     check("still serving after bad input", r.choices[0].message.content is not None)
 
+    # No runtime adapter loading unless switched on.
+    code, body = curl(s.url + "/v1/load_lora_adapter", "-H", "content-type: application/json",
+                      "-d", json.dumps({"lora_name": "x", "lora_path": "/tmp"}))
+    check("load_lora_adapter off by default -> 403",
+          code == 403 and json.loads(body)["error"]["code"] == "runtime_lora_disabled", body)
+
     # Ctrl-C: drains and exits 0.
     s.proc.send_signal(signal.SIGINT)
     check("Ctrl-C stops the server", s.proc.wait(timeout=30) == 0)
+
+    check_api_key(args.rlft, model)
     print("all checks passed")
+
+
+def check_api_key(rlft, model):
+    """A server with --api-key and --allow-runtime-lora, through the client and curl."""
+    key = "sk-rlft-test-" + os.urandom(8).hex()
+    adapters = Path(os.environ.get("TMPDIR", "/tmp")) / f"rlft-openai-client-{os.getpid()}"
+    adapters.mkdir(parents=True, exist_ok=True)
+    s = Server(rlft, model, "--api-key", key, "--allow-runtime-lora", str(adapters))
+    msgs = [{"role": "user", "content": "Say hi."}]
+    good = openai.OpenAI(base_url=s.url + "/v1", api_key=key, max_retries=0)
+    r = good.chat.completions.create(model="smol", messages=msgs, max_tokens=4)
+    check("api key: the right key works", r.choices[0].message.content is not None)
+    check("api key: models.list with the key", [m.id for m in good.models.list().data] == ["smol"])
+    bad = openai.OpenAI(base_url=s.url + "/v1", api_key="sk-wrong", max_retries=0)
+    try:
+        bad.chat.completions.create(model="smol", messages=msgs, max_tokens=4)
+        check("api key: a wrong key", False)
+    except openai.AuthenticationError as e:
+        check("api key: a wrong key -> AuthenticationError (401, invalid_api_key)",
+              e.status_code == 401 and e.code == "invalid_api_key", (e.status_code, e.code))
+    code, body = curl(s.url + "/v1/models")
+    check("api key: curl without the key -> 401", code == 401
+          and json.loads(body)["error"]["type"] == "invalid_request_error", body)
+    code, _ = curl(s.url + "/v1/models", "-H", f"Authorization: Bearer {key}")
+    check("api key: curl with the key -> 200", code == 200)
+    code, _ = curl(s.url + "/health")
+    check("api key: /health stays open", code == 200)
+    auth = ["-H", f"Authorization: Bearer {key}", "-H", "content-type: application/json"]
+    code, body = curl(s.url + "/v1/load_lora_adapter", *auth, "-d",
+                      json.dumps({"lora_name": "x", "lora_path": str(adapters / "../..")}))
+    check("runtime LoRA: a path outside the directory -> 403 naming it",
+          code == 403 and str(adapters) in json.loads(body)["error"]["message"], body)
+    check("api key: never in the server's log", not any(key in line for line in s.log))
+    s.proc.send_signal(signal.SIGINT)
+    check("Ctrl-C stops the keyed server", s.proc.wait(timeout=30) == 0)
+    adapters.rmdir()
 
 
 if __name__ == "__main__":
