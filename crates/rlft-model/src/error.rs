@@ -48,6 +48,9 @@ pub enum ModelError {
     /// GGUF reader errors.
     #[error(transparent)]
     Gguf(#[from] rlft_gguf::GgufError),
+    /// A model argument that is an unknown name, or a built-in model that could not be fetched.
+    #[error(transparent)]
+    Fetch(#[from] rlft_fetch::FetchError),
     /// Tokenizer or chat template errors.
     #[error(transparent)]
     Text(#[from] rlft_text::TextError),

@@ -107,6 +107,13 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     finish_hf_load(dir, model, source_dtypes)
 }
 
+/// A model argument as a path: itself when it is a path, the cached file of a built-in model
+/// when it names one (`default`, `qwen2.5-coder-0.5b`: fetched and verified once, see
+/// `rlft_fetch`). An unknown name is an error that lists the built-in names.
+pub fn resolve(model: &str) -> Result<PathBuf> {
+    Ok(rlft_fetch::resolve(model)?)
+}
+
 /// Whether `dir` is a PEFT adapter directory (`adapter_config.json` and no `config.json`): a
 /// LoRA run's `adapter/` or `checkpoint-N/`.
 pub fn is_adapter_dir(dir: &Path) -> bool {

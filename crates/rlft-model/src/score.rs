@@ -394,21 +394,31 @@ pub fn load_score_model(
     })
 }
 
+/// The base that adapter `dir`'s `base_model_name_or_path` names, when it is on this machine:
+/// a path that exists, or a built-in name (`default`: fetched once).
+fn named_base(dir: &Path) -> Result<Option<PathBuf>> {
+    let Some(name) = crate::load::adapter_base_name(dir)? else {
+        return Ok(None);
+    };
+    match rlft_fetch::classify(&name) {
+        Ok(rlft_fetch::ModelRef::Builtin(m)) => Ok(Some(rlft_fetch::ensure(m)?)),
+        Ok(rlft_fetch::ModelRef::Path(p)) if p.exists() => Ok(Some(p)),
+        _ => Ok(None),
+    }
+}
+
 /// A PEFT SEQ_CLS adapter with its `score` head over a causal-LM base, merged.
 fn load_score_adapter(dir: &Path, base: Option<&Path>, opts: &LoadOptions) -> Result<ScoreModel> {
     let cfg_path = dir.join(crate::peft::ADAPTER_CONFIG);
     let base = match base {
         Some(b) => b.to_path_buf(),
-        None => crate::load::adapter_base_name(dir)?
-            .map(PathBuf::from)
-            .filter(|p| p.exists())
-            .ok_or_else(|| {
-                ModelError::bad_file(
-                    &cfg_path,
-                    "names no base model on this machine (base_model_name_or_path); pass the \
-                     base explicitly",
-                )
-            })?,
+        None => named_base(dir)?.ok_or_else(|| {
+            ModelError::bad_file(
+                &cfg_path,
+                "names no base model on this machine (base_model_name_or_path); pass the \
+                 base explicitly",
+            )
+        })?,
     };
     let mut loaded = crate::load::load_model(&base, opts)?;
     loaded.model.drop_quantized();

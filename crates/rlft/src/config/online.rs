@@ -41,8 +41,9 @@ pub struct EstimatorSettings {
     /// PPO: the critic's values move at most this far from their rollout values before the
     /// clipped loss takes over (TRL `cliprange_value`).
     pub cliprange_value: f64,
-    /// PPO: the critic's initial weights: a causal LM or a `*ForSequenceClassification` HF
-    /// directory (a trained reward model). `rlft ppo` defaults it to `model`.
+    /// PPO: the critic's initial weights: a causal LM (a path or a built-in name such as
+    /// `qwen2.5-coder-0.5b`) or a `*ForSequenceClassification` HF directory (a trained reward
+    /// model). `rlft ppo` defaults it to `model`.
     pub value_model: Option<PathBuf>,
     /// DAPO's dynamic sampling: drop prompt groups whose rewards are all equal and sample more
     /// prompts until the rollout is full (verl `filter_groups`, OpenRLHF `dynamic_filtering`).

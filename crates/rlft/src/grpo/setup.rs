@@ -255,11 +255,12 @@ pub fn prepare(cfg: &GrpoConfig, model_path: &Path, device: &Device) -> Result<P
     }
     let critic = match &cfg.estimator.value_model {
         Some(v) => {
-            // `value_model` naming the policy's `model` reads what it resolved to.
+            // `value_model` naming the policy's `model` reads what it resolved to; another
+            // built-in name is fetched.
             let path = if v.as_os_str() == a.model.as_str() {
                 model_path.to_path_buf()
             } else {
-                v.clone()
+                rlft_model::load::resolve(&v.to_string_lossy())?
             };
             let c = crate::ppo::load_critic(a, &path, device)?;
             let n: usize = c.vars.iter().map(|(_, v)| v.elem_count()).sum();

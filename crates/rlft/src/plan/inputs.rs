@@ -406,9 +406,10 @@ pub fn model_rewards(
         let (meta, headless) = if adapter.is_file() {
             let base = match &m.base {
                 Some(b) if b == &cfg.args.model => policy.to_path_buf(),
-                Some(b) => b.into(),
+                Some(b) => rlft_model::load::resolve(b)?,
                 None => rlft_model::load::adapter_base_name(path)?
-                    .map(std::path::PathBuf::from)
+                    .map(|name| rlft_model::load::resolve(&name))
+                    .transpose()?
                     .ok_or_else(|| {
                         PlanError::Invalid(format!(
                             "{}: names no base model (base_model_name_or_path); give the \
@@ -466,6 +467,7 @@ pub fn critic_shape(
             v.display()
         )));
     }
+    let v = &rlft_model::load::resolve(&v.to_string_lossy())?;
     let headless = rlft_model::score::sequence_classification_arch(v)?.is_some();
     let meta = load_metadata(v)?;
     Ok(Some(shape(&meta, headless)))

@@ -87,13 +87,15 @@ impl ModelReward {
                 path.display()
             )));
         }
-        let base = spec.base.as_deref().map(|b| {
-            if b == policy.name {
-                policy.path.to_path_buf()
-            } else {
-                Path::new(b).to_path_buf()
+        // `base` naming the policy's `model` reads what it resolved to; another built-in name
+        // (`default`, `qwen2.5-coder-0.5b`) is fetched.
+        let base = match spec.base.as_deref() {
+            Some(b) if b == policy.name => Some(policy.path.to_path_buf()),
+            Some(b) => {
+                Some(rlft_model::load::resolve(b).map_err(|e| config(format!("`base` {b}: {e}")))?)
             }
-        });
+            None => None,
+        };
         let model = load_score_model(path, base.as_deref(), opts)
             .map_err(|e| config(format!("cannot load the reward model: {e}")))?;
         let template = model.text.compile_chat_template().ok();
