@@ -10,7 +10,7 @@ use rlft_model::load::{load_model, LoadOptions};
 use rlft_model::LoadedModel;
 use rlft_text::Message;
 
-use crate::default_model;
+use crate::models;
 
 /// Where and how `convert` and `merge` write an HF directory.
 #[derive(Args, Debug, Clone)]
@@ -43,7 +43,8 @@ impl ExportArgs {
 /// Which model to load and how.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// HF model directory, .gguf file, `default`, or a LoRA adapter directory (a run's
+    /// HF model directory, .gguf file, a built-in name (`default` = `smollm2-135m`,
+    /// `qwen2.5-coder-0.5b`: `rlft fetch-model --list`), or a LoRA adapter directory (a run's
     /// `adapter/` or `checkpoint-N/`), loaded over its base and merged.
     #[arg(long, short = 'm', default_value = "default")]
     pub model: String,
@@ -90,7 +91,7 @@ pub fn parse_device(s: &str) -> Result<Device> {
 
 /// Loads the model named by the arguments, reporting the time on stderr.
 pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
-    let path = default_model::resolve(&args.model)?;
+    let path = models::resolve(&args.model)?;
     let opts = LoadOptions {
         device: parse_device(&args.device)?,
         dtype: parse_dtype(&args.dtype)?,
@@ -108,7 +109,8 @@ pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
 }
 
 /// Loads `path`: an HF directory or .gguf file, or a LoRA adapter directory over `base`
-/// (default: the adapter's `base_model_name_or_path`; `default` is the default model), merged.
+/// (default: the adapter's `base_model_name_or_path`; a built-in name such as `default` is
+/// fetched), merged.
 pub fn load_any(path: &Path, base: Option<&str>, opts: &LoadOptions) -> Result<LoadedModel> {
     if !rlft_model::load::is_adapter_dir(path) {
         if let Some(b) = base {
@@ -130,7 +132,12 @@ pub fn load_any(path: &Path, base: Option<&str>, opts: &LoadOptions) -> Result<L
             )
         })?,
     };
-    let base_path = default_model::resolve(&name)?;
+    let base_path = models::resolve(&name).with_context(|| {
+        format!(
+            "{} is a LoRA adapter over `{name}`; pass --base MODEL",
+            path.display()
+        )
+    })?;
     if !base_path.exists() {
         bail!(
             "{} is a LoRA adapter over `{name}`, which is not on this machine (relative paths \

@@ -14,7 +14,7 @@ use rlft::rollout::eval::{evaluate, sample_reward_parts};
 use serde_json::{json, Value};
 
 use crate::common::parse_device;
-use crate::default_model;
+use crate::models;
 use crate::train_cmd::{self, TrainArgs};
 
 /// `rlft grpo`.
@@ -82,8 +82,9 @@ pub struct EvalArgs {
     /// The GRPO config whose eval split, rewards and generation settings to use.
     #[arg(long, short = 'c')]
     pub config: PathBuf,
-    /// Model to score (HF dir, .gguf, "default", or a LoRA run's `adapter/` or `checkpoint-N/`,
-    /// merged over its base); default: the config's `model`.
+    /// Model to score (HF dir, .gguf, a built-in name such as `default` or
+    /// `qwen2.5-coder-0.5b`, or a LoRA run's `adapter/` or `checkpoint-N/`, merged over its
+    /// base); default: the config's `model`.
     #[arg(long)]
     pub model: Option<String>,
     /// The base model of a LoRA adapter given as --model (default: the adapter's
@@ -108,7 +109,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
     if let Some(m) = a.model {
         cfg.args.model = m;
     }
-    let model_path = default_model::resolve(&cfg.args.model)?;
+    let model_path = models::resolve(&cfg.args.model)?;
     let device = parse_device(&a.device)?;
     let loaded = crate::common::load_any(
         &model_path,
@@ -196,7 +197,7 @@ pub fn run_reward(a: RewardArgs) -> Result<()> {
     let cfg = GrpoConfig::load(&a.config, &a.set)?;
     // A `model` reward's adapter `base` may name the config's `model`: resolve it only then.
     let model_path = if cfg.rewards.iter().any(|r| r.kind.type_name() == "model") {
-        default_model::resolve(&cfg.args.model)?
+        models::resolve(&cfg.args.model)?
     } else {
         PathBuf::from(&cfg.args.model)
     };

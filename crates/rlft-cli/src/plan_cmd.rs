@@ -24,7 +24,7 @@ use rlft::plan::{
 };
 use serde_json::json;
 
-use crate::default_model;
+use crate::models;
 
 /// Resident memory of this binary's runtime beyond what `rlft plan` itself holds after reading
 /// the tokenizer and the dataset: rayon's and candle's worker threads, the rewards, the
@@ -134,7 +134,7 @@ enum Lengths {
 
 /// The model's path and metadata (config, tokenizer), without its weights.
 fn model(name: &str) -> Result<(PathBuf, rlft_model::load::ModelMetadata)> {
-    let path = default_model::resolve(name)?;
+    let path = models::resolve(name)?;
     let meta = rlft_model::load::load_metadata(&path)
         .with_context(|| format!("read the model {}", path.display()))?;
     Ok((path, meta))

@@ -13,7 +13,7 @@ use rlft_model::load::LoadOptions;
 use rlft_model::score::load_score_model;
 
 use crate::common::parse_device;
-use crate::default_model;
+use crate::models;
 use crate::train_cmd::{self, TrainArgs};
 
 /// `rlft reward-model`.
@@ -41,8 +41,8 @@ pub struct ScoreArgs {
     /// (OUTPUT/adapter) with --base.
     #[arg(long, short = 'm')]
     pub model: PathBuf,
-    /// Base model of an adapter (HF dir, .gguf or `default`); default: the adapter's
-    /// base_model_name_or_path.
+    /// Base model of an adapter (HF dir, .gguf or a built-in name such as `default`); default:
+    /// the adapter's base_model_name_or_path.
     #[arg(long)]
     pub base: Option<String>,
     /// Rows to score (JSONL, Parquet or an HF save_to_disk directory): `chosen` + `rejected`,
@@ -68,7 +68,7 @@ pub struct ScoreArgs {
 
 /// Runs `rlft score`.
 pub fn run_score(a: ScoreArgs) -> Result<()> {
-    let base = a.base.as_deref().map(default_model::resolve).transpose()?;
+    let base = a.base.as_deref().map(models::resolve).transpose()?;
     let opts = LoadOptions {
         device: parse_device(&a.device)?,
         ..Default::default()

@@ -14,7 +14,7 @@ use rlft_data::{load_dataset, Dataset};
 
 use crate::common::parse_device;
 use crate::data_cmd::check_output;
-use crate::default_model;
+use crate::models;
 
 /// `rlft data sampled-preferences`.
 #[derive(Args, Debug)]
@@ -24,8 +24,8 @@ pub struct SampledPreferencesArgs {
     /// `top_p`, ...), `max_completion_length` and `[[rewards]]` label the pairs.
     #[arg(long, short = 'c')]
     pub config: PathBuf,
-    /// Model to sample (HF dir, .gguf, a run's `final/`, `adapter/` or `checkpoint-N/`, or
-    /// "default"); default: the config's `model`.
+    /// Model to sample (HF dir, .gguf, a run's `final/`, `adapter/` or `checkpoint-N/`, or a
+    /// built-in name: `rlft fetch-model --list`); default: the config's `model`.
     #[arg(long)]
     pub model: Option<String>,
     /// Output directory: a DatasetDict with `train` and `test` preference rows (`prompt`,
@@ -76,7 +76,7 @@ pub fn run(a: SampledPreferencesArgs) -> Result<()> {
         );
     }
     check_output(&a.output, a.overwrite)?;
-    let model_path = default_model::resolve(&cfg.args.model)?;
+    let model_path = models::resolve(&cfg.args.model)?;
     let device = parse_device(&a.device)?;
     let loaded = crate::common::load_any(
         &model_path,

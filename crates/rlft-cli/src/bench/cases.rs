@@ -94,12 +94,12 @@ pub fn run_case(case: Case, a: &BenchArgs) -> Result<()> {
         Case::Adamw => bench_adamw(a)?,
         Case::RefPass => bench_ref_pass(a)?,
         Case::Grpo | Case::Rloo | Case::Ppo => {
-            let model = crate::default_model::resolve(&a.model.model)?;
+            let model = crate::models::resolve(&a.model.model)?;
             let device = crate::common::parse_device(&a.model.device)?;
             super::grpo::bench_online(case, &model, a.reps + 1, &a.grpo_set, &device)?
         }
         Case::Dpo | Case::RewardModel => {
-            let model = crate::default_model::resolve(&a.model.model)?;
+            let model = crate::models::resolve(&a.model.model)?;
             super::offline::bench_offline(case, &model, a.reps + 1, &a.grpo_set)?
         }
     };

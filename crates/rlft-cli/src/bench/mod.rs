@@ -232,7 +232,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         return cases::run_case(case, &a);
     }
     let cases = selected(&a.cases);
-    let model_path = crate::default_model::resolve(&a.model.model)?;
+    let model_path = crate::models::resolve(&a.model.model)?;
     let reference = if a.against_reference {
         match Reference::locate(&a) {
             Ok(r) => Some(r),
@@ -245,7 +245,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         None
     };
     let mut warnings: Vec<String> = Vec::new();
-    if let Some(r) = reference.as_ref().filter(|_| a.model.model != "default") {
+    if let Some(r) = reference
+        .as_ref()
+        .filter(|_| !crate::models::is_default(&a.model.model))
+    {
         warnings.push(format!(
             "the reference loads its own model ({}), not {}: ratios compare different models",
             r.model().display(),

@@ -17,7 +17,7 @@ use serde_json::{json, Map, Value};
 use super::cases::threads;
 use super::report::RefOutcome;
 use super::{expand_home, result_line, BenchArgs, Case};
-use crate::default_model::cache_root;
+use crate::models::cache_root;
 
 /// The harness's directory inside the repository.
 pub const HARNESS: &str = "bench/reference";
