@@ -64,10 +64,14 @@ fn sft_learns_and_writes_outputs() {
 }
 
 #[test]
-fn resume_equals_uninterrupted() {
+fn same_seed_repeats_and_resume_equals_uninterrupted() {
     let a = tempfile::tempdir().unwrap();
     let cfg_a = setup(a.path());
     let (_, full) = run(&cfg_a, &RunOptions::default());
+    // Same seed, fresh directory: the same bits.
+    let again = tempfile::tempdir().unwrap();
+    let (_, twice) = run(&setup(again.path()), &RunOptions::default());
+    common::assert_same_bits(&full, &twice, "same seed");
     let b = tempfile::tempdir().unwrap();
     let cfg_b = setup(b.path());
     let (s1, _) = run(
@@ -86,7 +90,7 @@ fn resume_equals_uninterrupted() {
         },
     );
     assert_eq!(s2.global_step, 12);
-    assert_eq!(full, resumed, "resumed weights must be bit-identical");
+    common::assert_same_bits(&full, &resumed, "resume");
 }
 
 #[test]
@@ -221,7 +225,7 @@ fn lora_with_dropout_resumes_exactly() {
             ..Default::default()
         },
     );
-    assert_eq!(full, resumed);
+    common::assert_same_bits(&full, &resumed, "resume");
 }
 
 #[test]

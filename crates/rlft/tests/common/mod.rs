@@ -32,6 +32,32 @@ pub fn weights(policy: &rlft::run::Policy) -> Vec<(String, Vec<f32>)> {
         .collect()
 }
 
+/// Panics unless `a` and `b` hold the same named tensors bit for bit (so NaN equals NaN and
+/// -0.0 differs from 0.0, which `==` and a max-difference check both miss), naming the first
+/// element that differs: what every same-seed and resume test asserts.
+pub fn assert_same_bits(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)], what: &str) {
+    assert_eq!(
+        a.len(),
+        b.len(),
+        "{what}: {} vs {} tensors",
+        a.len(),
+        b.len()
+    );
+    for ((na, x), (nb, y)) in a.iter().zip(b) {
+        assert_eq!(na, nb, "{what}: tensor order");
+        assert_eq!(
+            x.len(),
+            y.len(),
+            "{what}: {na} has {} vs {} values",
+            x.len(),
+            y.len()
+        );
+        if let Some(i) = (0..x.len()).find(|&i| x[i].to_bits() != y[i].to_bits()) {
+            panic!("{what}: {na}[{i}] = {:e} vs {:e}", x[i], y[i]);
+        }
+    }
+}
+
 /// Writes `n` preference rows `{"prompt": "12+7=", "chosen": "19", "rejected": "20"}` to `path`
 /// (JSONL; the rejected answer is off by 1 to 3), with a `margin` column when asked.
 #[allow(dead_code)]

@@ -72,9 +72,14 @@ pub fn metric(s: &GrpoSummary, step: usize, key: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {key} at step {step}"))
 }
 
+/// The largest absolute difference between two runs' weights (infinite where a NaN appears).
 pub fn max_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f32 {
     a.iter()
         .zip(b)
         .flat_map(|((_, x), (_, y))| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
-        .fold(0.0, f32::max)
+        // A NaN on either side is a difference (`f32::max` would drop it).
+        .fold(
+            0.0,
+            |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
+        )
 }
