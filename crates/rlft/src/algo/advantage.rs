@@ -204,11 +204,16 @@ pub struct Advantages {
 }
 
 /// Mean of `xs`; 0 for an empty slice.
+///
+/// The mean of equal values is that value exactly: a float sum can round (`(0.1 + 0.1 + 0.1) /
+/// 3` is `0.10000000000000002`), and a group whose completions all scored the same must get
+/// advantage exactly 0, not a rounding residue that a small `epsilon` blows up (its rows are
+/// then left out of the training pass, see `grpo::skip`).
 pub fn mean(xs: &[f64]) -> f64 {
-    if xs.is_empty() {
-        0.0
-    } else {
-        xs.iter().sum::<f64>() / xs.len() as f64
+    match xs.first() {
+        None => 0.0,
+        Some(&x) if xs.iter().all(|&y| y == x) => x,
+        Some(_) => xs.iter().sum::<f64>() / xs.len() as f64,
     }
 }
 
@@ -497,6 +502,30 @@ mod tests {
         assert_eq!(a.values, vec![0.0]);
         let a = compute_advantages(&[], 4, &cfg(ScaleRewards::Group));
         assert!(a.values.is_empty() && a.frac_zero_std == 0.0);
+    }
+
+    /// Equal rewards whose float sum rounds (three or eight times 0.1) give advantage exactly 0
+    /// under every scaling, also with `epsilon = 0`, where a rounding residue over a residual
+    /// std would come out near 1.
+    #[test]
+    fn equal_rewards_give_exactly_zero() {
+        for g in [3, 8] {
+            let mut r = vec![0.1; g];
+            r.extend((0..g).map(|i| i as f64));
+            for scale in [ScaleRewards::Group, ScaleRewards::Batch, ScaleRewards::None] {
+                for epsilon in [0.0, 1e-9, 1e-4] {
+                    let c = AdvantageConfig {
+                        scale,
+                        epsilon,
+                        clamp: None,
+                    };
+                    let a = compute_advantages(&r, g, &c);
+                    assert_eq!(&a.values[..g], &vec![0.0; g][..], "{scale} {epsilon}");
+                    assert!(a.values[g..].iter().any(|&v| v != 0.0));
+                    assert_eq!(a.group_std[0], 0.0);
+                }
+            }
+        }
     }
 
     #[test]

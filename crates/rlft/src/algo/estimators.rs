@@ -200,8 +200,15 @@ pub fn rloo_advantages(rewards: &[f64], group_size: usize, normalize: bool) -> V
         .chunks(group_size)
         .flat_map(|g| {
             let sum: f64 = g.iter().sum();
-            g.iter()
-                .map(move |&r| r - (sum - r) / (group_size - 1) as f64)
+            // Equal rewards: exactly 0 (the float sum can round), as `mean` gives.
+            let equal = g.iter().all(|&r| r == g[0]);
+            g.iter().map(move |&r| {
+                if equal {
+                    0.0
+                } else {
+                    r - (sum - r) / (group_size - 1) as f64
+                }
+            })
         })
         .collect();
     if normalize {
@@ -446,6 +453,8 @@ mod tests {
             assert!((x - y).abs() < 1e-12, "{a:?}");
         }
         assert_eq!(rloo_advantages(&[1.0, 2.0], 1, true), vec![0.0, 0.0]);
+        // Equal rewards whose float sum rounds (0.1 * 3 != 0.3) still give exactly 0.
+        assert_eq!(rloo_advantages(&[0.1; 3], 3, false), vec![0.0; 3]);
     }
 
     #[test]
