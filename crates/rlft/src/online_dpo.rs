@@ -194,7 +194,7 @@ impl Algorithm for OnlineDpo<'_> {
         _step: &[Vec<usize>],
         mb: &[usize],
         stats: &mut StepStats,
-    ) -> Result<Tensor> {
+    ) -> Result<Option<Tensor>> {
         if !mb.len().is_multiple_of(2)
             || mb
                 .chunks_exact(2)
@@ -278,7 +278,7 @@ impl Algorithm for OnlineDpo<'_> {
         let rlhf: Vec<f64> = rewards.iter().zip(&kl).map(|(r, k)| r - beta * k).collect();
         stats.add("objective/rlhf_reward", mean(&rlhf), n);
         stats.tokens += pass.num_tokens;
-        Ok(loss)
+        Ok(Some(loss))
     }
 
     fn step_metrics(

@@ -199,6 +199,7 @@ fn rloo_sequence_loss_and_gradient() {
         epsilon_low: c["eps_low"].as_f64().unwrap(),
         epsilon_high: c["eps_high"].as_f64().unwrap(),
         accumulation_steps: c["k"].as_u64().unwrap() as usize,
+        micro_batch_rows: None,
     })
     .unwrap();
     close(

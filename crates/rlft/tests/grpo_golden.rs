@@ -199,6 +199,7 @@ fn normalizer(inp: &Inputs) -> LossNormalizer {
     LossNormalizer {
         accumulation_steps: inp.accumulation_steps,
         num_items_in_batch: inp.num_items_in_batch,
+        micro_batch: None,
     }
 }
 

@@ -39,6 +39,21 @@ pub struct LossNormalizer {
     /// steps_per_generation`, which is the same number in the usual `steps_per_generation ==
     /// gradient_accumulation_steps` setup. Clamped to at least 1.
     pub num_items_in_batch: f64,
+    /// The whole micro-batch when the loss is given only some of its rows: the others were
+    /// left out because their loss terms and gradients are exactly 0 (zero advantage and no
+    /// KL term; see `grpo::skip`). Its rows are the `N` of `grpo`, `sapo` and `dr_grpo`, its
+    /// active tokens `bnpo`'s divisor, so that every given row weighs what it weighs in the
+    /// whole micro-batch. `None`: the rows given are the whole micro-batch.
+    pub micro_batch: Option<MicroBatchSize>,
+}
+
+/// The size of a whole micro-batch (see [`LossNormalizer::micro_batch`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MicroBatchSize {
+    /// Completions, those left out included.
+    pub rows: usize,
+    /// Active completion tokens (`sum mask`), those of the rows left out included.
+    pub tokens: f64,
 }
 
 impl LossNormalizer {
@@ -47,7 +62,14 @@ impl LossNormalizer {
         LossNormalizer {
             accumulation_steps: 1,
             num_items_in_batch: tokens,
+            micro_batch: None,
         }
+    }
+
+    /// The rows and active tokens the reduction divides by, for `rows` given rows holding
+    /// `tokens` active tokens: theirs, or the whole micro-batch's.
+    pub fn micro_batch_size(&self, rows: usize, tokens: f64) -> MicroBatchSize {
+        self.micro_batch.unwrap_or(MicroBatchSize { rows, tokens })
     }
 }
 
@@ -204,8 +226,9 @@ fn entropy_mask_tensor(entropies: &Tensor, mask: &Tensor, top_q: f64) -> Result<
 /// in halves. The entropy mask multiplies the policy term only (TRL: before the KL is added).
 ///
 /// Errors on shape mismatches, on `beta != 0` without `ref_logp`, on `top_entropy_quantile < 1`
-/// without `entropies`, on `accumulation_steps == 0`, on an empty batch and on
-/// `max_completion_length == 0`.
+/// without `entropies`, on `accumulation_steps == 0`, on an empty batch, on
+/// `max_completion_length == 0` and on a [`LossNormalizer::micro_batch`] smaller than the rows
+/// given.
 pub fn grpo_loss(inp: &LossInputs, cfg: &LossConfig) -> Result<LossOutput> {
     let logp = inp.logp;
     let dtype = logp.dtype();
@@ -293,7 +316,16 @@ pub fn grpo_loss(inp: &LossInputs, cfg: &LossConfig) -> Result<LossOutput> {
     }
 
     let tokens = scalar(&mask.sum_all()?)?;
-    let loss = reduce(&per_token, &mask, cfg, norm, tokens)?;
+    let whole = norm.micro_batch_size(n, tokens);
+    if whole.rows < n || whole.tokens < tokens {
+        bail!(
+            "grpo_loss: the whole micro-batch ({} rows, {} tokens) is smaller than the rows \
+             given ({n} rows, {tokens} tokens)",
+            whole.rows,
+            whole.tokens
+        );
+    }
+    let loss = reduce(&per_token, &mask, cfg, norm, whole)?;
     let sequence_stats =
         cfg.importance_sampling_level == ImportanceSamplingLevel::Sequence && per_row_adv;
     let stats = ratio_stats(&ratio, &adv, &mask, cfg, sequence_stats)?;
@@ -312,25 +344,28 @@ pub fn grpo_loss(inp: &LossInputs, cfg: &LossConfig) -> Result<LossOutput> {
     })
 }
 
-/// The masked per-token losses reduced to the micro-batch's loss (TRL
-/// `grpo_trainer.py:3153-3176`).
+/// The masked per-token losses `[N, T]` reduced to the micro-batch's loss (TRL
+/// `grpo_trainer.py:3153-3176`), dividing by the `whole` micro-batch's rows and tokens, and by
+/// the accumulation steps `k` (`StepTokenMean`: by `num_items_in_batch` instead).
 fn reduce(
     per_token: &Tensor,
     mask: &Tensor,
     cfg: &LossConfig,
     norm: LossNormalizer,
-    tokens: f64,
+    whole: MicroBatchSize,
 ) -> Result<Tensor> {
-    let n = per_token.dim(0)?;
     let masked_sum = || per_token.mul(mask)?.sum_all();
     let k = norm.accumulation_steps as f64;
     match cfg.loss_type.reduction() {
-        Reduction::SequenceMean => masked_mean_per_row(per_token, mask)?
-            .mean(0)?
+        // `sum * (1 / N)` is candle's `mean`, bit for bit, when all rows are given.
+        Reduction::SequenceMean => (masked_mean_per_row(per_token, mask)?.sum(0)?
+            * (1.0 / whole.rows as f64))?
             .affine(1.0 / k, 0.0),
-        Reduction::MicroBatchTokenMean => masked_sum()?.affine(1.0 / (tokens.max(1.0) * k), 0.0),
+        Reduction::MicroBatchTokenMean => {
+            masked_sum()?.affine(1.0 / (whole.tokens.max(1.0) * k), 0.0)
+        }
         Reduction::ConstantNormalized => {
-            let denom = (n * cfg.max_completion_length) as f64 * k;
+            let denom = (whole.rows * cfg.max_completion_length) as f64 * k;
             masked_sum()?.affine(1.0 / denom, 0.0)
         }
         Reduction::StepTokenMean => {
@@ -494,6 +529,7 @@ mod tests {
                 normalizer: LossNormalizer {
                     accumulation_steps: 2,
                     num_items_in_batch: 4.0,
+                    micro_batch: None,
                 },
             },
             &LossConfig {
@@ -646,6 +682,7 @@ mod tests {
                 normalizer: LossNormalizer {
                     accumulation_steps: 0,
                     num_items_in_batch: 1.0,
+                    micro_batch: None,
                 },
                 ..inp
             },
@@ -654,6 +691,118 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("accumulation_steps"), "{e}");
+        let e = grpo_loss(
+            &LossInputs {
+                normalizer: LossNormalizer {
+                    micro_batch: Some(MicroBatchSize {
+                        rows: 1,
+                        tokens: 6.0,
+                    }),
+                    ..inp.normalizer
+                },
+                ..inp
+            },
+            &LossConfig::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("smaller than the rows given"), "{e}");
+    }
+
+    /// `(loss, gradient [N, T])` of `rows` of a fixed off-policy case (f64, ragged mask,
+    /// importance-sampling weights), rows 1 and 3 with advantage 0, normalised as `whole`.
+    fn case_loss(
+        cfg: &LossConfig,
+        rows: &[usize],
+        whole: Option<MicroBatchSize>,
+    ) -> (f64, Vec<Vec<f64>>) {
+        let t = 3;
+        let pick = |v: &[f64], w: usize| -> Tensor {
+            let x: Vec<f64> = rows
+                .iter()
+                .flat_map(|&i| v[i * w..(i + 1) * w].to_vec())
+                .collect();
+            Tensor::from_vec(x, (rows.len(), w), &Device::Cpu).unwrap()
+        };
+        let logp: Vec<f64> = (0..12).map(|i| -0.2 - 0.31 * (i % 5) as f64).collect();
+        let old: Vec<f64> = (0..12)
+            .map(|i| logp[i] + 0.3 * (i % 3) as f64 - 0.3)
+            .collect();
+        let refp: Vec<f64> = (0..12).map(|i| logp[i] - 0.1).collect();
+        let mask = [1., 1., 1., 1., 0., 0., 1., 1., 0., 1., 1., 1.];
+        let isw: Vec<f64> = (0..12).map(|i| 0.5 + 0.1 * i as f64).collect();
+        let adv = [0.9, 0.0, -1.3, 0.0];
+        let lp = Var::from_tensor(&pick(&logp, t)).unwrap();
+        let (old, refp, mask, isw) = (pick(&old, t), pick(&refp, t), pick(&mask, t), pick(&isw, t));
+        let adv = pick(&adv, 1).flatten_all().unwrap();
+        let out = grpo_loss(
+            &LossInputs {
+                logp: lp.as_tensor(),
+                old_logp: Some(&old),
+                ref_logp: Some(&refp),
+                advantages: &adv,
+                mask: &mask,
+                entropies: None,
+                is_weight: Some(&isw),
+                normalizer: LossNormalizer {
+                    accumulation_steps: 2,
+                    num_items_in_batch: 12.0,
+                    micro_batch: whole,
+                },
+            },
+            cfg,
+        )
+        .unwrap();
+        let g = out.loss.backward().unwrap();
+        let g = g.get(lp.as_tensor()).unwrap().to_vec2().unwrap();
+        (out.loss.to_scalar().unwrap(), g)
+    }
+
+    /// Every loss type at both ratio levels: the rows with advantage 0 get a gradient of
+    /// exactly 0 without a KL term, and leaving them out (the whole micro-batch's rows and
+    /// tokens in `micro_batch`) gives the same loss and the same gradient on the other rows.
+    /// With a KL term their gradient is not 0.
+    #[test]
+    fn leaving_out_zero_advantage_rows_changes_nothing() {
+        let whole = Some(MicroBatchSize {
+            rows: 4,
+            tokens: 9.0,
+        });
+        for loss_type in LossType::ALL {
+            for level in [
+                ImportanceSamplingLevel::Token,
+                ImportanceSamplingLevel::Sequence,
+            ] {
+                let cfg = LossConfig {
+                    loss_type,
+                    importance_sampling_level: level,
+                    epsilon_high: if loss_type == LossType::Cispo {
+                        5.0
+                    } else {
+                        0.28
+                    },
+                    max_completion_length: 4,
+                    ..Default::default()
+                };
+                let what = format!("{loss_type} {level}");
+                let (loss, g) = case_loss(&cfg, &[0, 1, 2, 3], None);
+                assert_eq!((g[1].clone(), g[3].clone()), (vec![0.0; 3], vec![0.0; 3]));
+                let (kept, gk) = case_loss(&cfg, &[0, 2], whole);
+                assert!((loss - kept).abs() < 1e-14, "{what}: {loss} vs {kept}");
+                assert!(loss != 0.0 && g[0].iter().any(|&x| x != 0.0), "{what}");
+                for (a, b) in [(&g[0], &gk[0]), (&g[2], &gk[1])] {
+                    let d = a
+                        .iter()
+                        .zip(b)
+                        .map(|(x, y)| (x - y).abs())
+                        .fold(0.0, f64::max);
+                    assert!(d < 1e-14, "{what}: {a:?} vs {b:?}");
+                }
+                let kl = LossConfig { beta: 0.04, ..cfg };
+                let (_, g) = case_loss(&kl, &[0, 1, 2, 3], None);
+                assert!(g[1].iter().any(|&x| x != 0.0), "{what}: KL gradient");
+            }
+        }
     }
 
     #[test]

@@ -64,6 +64,7 @@ pub use estimators::{
 };
 pub use loss::{
     grpo_loss, masked_mean_per_row, ClipStats, LossInputs, LossNormalizer, LossOutput, LossStats,
+    MicroBatchSize,
 };
 pub use loss_config::{ImportanceSamplingLevel, LossConfig, LossType};
 

@@ -7,8 +7,10 @@
 //! loss    = mean_i -min(r_i A_i, clip(r_i, 1 - eps_low, 1 + eps_high) A_i) / k
 //! ```
 //!
-//! `k` is the gradient-accumulation steps (the HF Trainer divides TRL's loss by it). The KL to
-//! the reference is not here: RLOO subtracts it from the reward (see [`super::estimators`]).
+//! `k` is the gradient-accumulation steps (the HF Trainer divides TRL's loss by it); the mean is
+//! over the whole micro-batch's `N` completions, also when rows with advantage 0 are left out
+//! of the call (`micro_batch_rows`). The KL to the reference is not here: RLOO subtracts it from
+//! the reward (see [`super::estimators`]).
 
 use candle_core::{bail, DType, Result, Tensor};
 
@@ -29,6 +31,10 @@ pub struct RlooLossInputs<'a> {
     pub epsilon_high: f64,
     /// Gradient-accumulation steps of the optimiser step.
     pub accumulation_steps: usize,
+    /// The whole micro-batch's row count (the mean's `N`) when only some of its rows are
+    /// given, the others left out for their zero advantage (their terms and gradients are
+    /// exactly 0); `None`: the rows given are the whole micro-batch.
+    pub micro_batch_rows: Option<usize>,
 }
 
 /// The loss and the fractions of sequences clipped low / high (TRL's `clip_ratio/*`).
@@ -49,8 +55,12 @@ pub fn rloo_loss(inp: &RlooLossInputs) -> Result<RlooLossOutput> {
     let logp = inp.logp;
     let dtype = logp.dtype();
     let (n, t) = logp.dims2()?;
-    if n == 0 || inp.accumulation_steps == 0 {
-        bail!("rloo_loss: empty batch or accumulation_steps == 0");
+    let rows = inp.micro_batch_rows.unwrap_or(n);
+    if n == 0 || inp.accumulation_steps == 0 || rows < n {
+        bail!(
+            "rloo_loss: empty batch, accumulation_steps == 0 or a whole micro-batch of {rows} \
+             rows smaller than the {n} given"
+        );
     }
     if inp.mask.dims() != [n, t] || inp.advantages.dims() != [n] {
         bail!(
@@ -73,7 +83,8 @@ pub fn rloo_loss(inp: &RlooLossInputs) -> Result<RlooLossOutput> {
     let region = low.add(&high)?;
     let coef = region.where_cond(&ratio.detach().clamp(lo, hi)?, &ratio)?;
     let k = inp.accumulation_steps as f64;
-    let loss = coef.mul(&adv)?.neg()?.mean(0)?.affine(1.0 / k, 0.0)?;
+    // `sum * (1 / N)` is candle's `mean`, bit for bit, when all rows are given.
+    let loss = (coef.mul(&adv)?.neg()?.sum(0)? * (1.0 / rows as f64))?.affine(1.0 / k, 0.0)?;
     let frac = |x: &Tensor| -> Result<f64> {
         Ok(x.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()? / n as f64)
     };
@@ -134,6 +145,7 @@ mod tests {
             epsilon_low: el,
             epsilon_high: eh,
             accumulation_steps: k,
+            micro_batch_rows: None,
         })
         .unwrap();
         let got = out.loss.to_scalar::<f64>().unwrap();

@@ -317,7 +317,7 @@ impl Algorithm for Dpo<'_> {
         step: &[Vec<usize>],
         micro: &[usize],
         stats: &mut StepStats,
-    ) -> Result<Tensor> {
+    ) -> Result<Option<Tensor>> {
         let step_pairs: usize = step.iter().map(Vec::len).sum();
         let pairs: Vec<&DpoPair> = micro.iter().map(|&i| &self.train[i]).collect();
         let s = pair_logps(&policy.model, &pairs, policy.pad_id, true)?;
@@ -325,7 +325,7 @@ impl Algorithm for Dpo<'_> {
         let out = losses(&self.loss, &s, &refs)?;
         stats.tokens += s.tokens;
         self.step.lock().expect("not poisoned").add(&out, &s)?;
-        Ok((out.losses.sum_all()? / step_pairs.max(1) as f64)?)
+        Ok(Some((out.losses.sum_all()? / step_pairs.max(1) as f64)?))
     }
 
     fn step_metrics(

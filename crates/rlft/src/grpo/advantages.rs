@@ -43,6 +43,16 @@ impl Advantage {
         })
     }
 
+    /// `[N]`: whether each completion's advantages are all exactly 0 as the loss sees them (in
+    /// f32), so that its policy term and gradient are exactly 0 (see [`super::skip`]).
+    pub fn zero_rows(&self) -> Vec<bool> {
+        let zero = |a: f64| a as f32 == 0.0;
+        match self {
+            Advantage::PerSequence(a) => a.iter().map(|&x| zero(x)).collect(),
+            Advantage::PerToken(a) => a.iter().map(|r| r.iter().all(|&x| zero(x))).collect(),
+        }
+    }
+
     /// One number per completion for the sample log: the advantage, or the mean of its tokens'.
     pub fn per_completion(&self) -> Vec<f64> {
         match self {

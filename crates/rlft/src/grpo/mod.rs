@@ -6,6 +6,7 @@
 //! - [`setup`]: the policy, reference, prompts, rewards and batch arithmetic of a config;
 //! - [`advantages`]: a rollout's advantages under the configured estimator;
 //! - [`dynamic`]: dynamic sampling (DAPO), dropping groups without signal;
+//! - [`skip`]: zero-advantage rows left out of the training pass where that is exact;
 //! - [`trainer`]: the trainer as an [`crate::run::Algorithm`]: a unit is a rollout (generate,
 //!   reward, old and reference log-probs, advantages), a micro-batch's loss is
 //!   [`crate::algo::grpo_loss`] (RLOO: [`crate::algo::rloo_loss::rloo_loss`]).
@@ -15,7 +16,8 @@
 pub mod advantages;
 pub mod dynamic;
 pub mod setup;
+pub mod skip;
 pub mod trainer;
 
 pub use setup::{eval_settings, prepare, Prepared};
-pub use trainer::{train, GrpoSummary};
+pub use trainer::{train, train_scoring_every_row, GrpoSummary};

@@ -3,7 +3,8 @@
 //! generate -> reward -> advantages -> old_logprobs (when a rollout feeds more than one
 //! optimiser step) -> ref_logprobs (when `beta > 0`); the core then takes the rollout's
 //! optimiser steps (`num_iterations` passes over its train batches), each micro-batch's loss
-//! being [`grpo_loss`] over the shared prompt pass.
+//! being [`grpo_loss`] over the shared prompt pass. Rows whose advantage is exactly 0 are left
+//! out of that pass where this changes nothing ([`super::skip`]).
 //!
 //! The rollout seed is `mix(seed, global_step)`, so a resumed run samples what it would have.
 
@@ -14,11 +15,14 @@ use rlft_rewards::{RewardSet, Scores};
 use super::advantages::{estimate_rollout, shaped_rewards, Advantage};
 use super::dynamic::{Filter, GenBatch};
 use super::setup::{eval_settings, rollout_settings};
+use super::skip::{skip_is_exact, split_micro_batch, MicroSplit};
 use super::Prepared;
 use crate::algo::is_correction::is_weights;
 use crate::algo::rloo_loss::{rloo_loss, RlooLossInputs};
 use crate::algo::value_loss::{value_loss, ValueLossInputs};
-use crate::algo::{grpo_loss, Estimator, LossInputs, LossNormalizer};
+use crate::algo::{
+    grpo_loss, Estimator, ImportanceSamplingLevel, LossInputs, LossNormalizer, LossType,
+};
 use crate::config::grpo::{BatchPlan, GrpoConfig};
 use crate::data::prompts::PromptItem;
 use crate::data::DataCursor;
@@ -31,7 +35,7 @@ use crate::rollout::samples::{pick, LoggedSample, SampleLog};
 use crate::rollout::stats::{rollout_metrics, HealthMonitor};
 use crate::rollout::{
     generate_and_score, generate_and_score_remote, no_grad_passes, pad_rows, policy_pass, timed,
-    MicroRows, NoGradPasses, Sample, ScoreOptions,
+    MicroRows, NoGradPasses, PolicyPass, Sample, ScoreOptions,
 };
 use crate::run::optim::mix;
 use crate::run::{
@@ -40,6 +44,13 @@ use crate::run::{
 
 /// What a finished (or interrupted) GRPO run reports.
 pub type GrpoSummary = RunSummary;
+
+/// The clip fractions the clipped losses and RLOO's report (TRL's names).
+const CLIP_KEYS: [&str; 3] = [
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+];
 
 /// A rollout with everything its optimiser steps need.
 pub struct Rollout {
@@ -54,6 +65,9 @@ pub struct Rollout {
     returns: Option<Vec<Vec<f64>>>,
     /// Server rollouts: the importance-sampling weights of every sample's tokens.
     is_weights: Option<Vec<Vec<f32>>>,
+    /// `[N]` the rows left out of the training pass (advantage exactly 0), when leaving them
+    /// out is exact ([`skip_is_exact`]); `None`: every row is scored.
+    zero_adv: Option<Vec<bool>>,
     scores: Scores,
     metrics: Metrics,
 }
@@ -71,6 +85,9 @@ struct Grpo<'a> {
     logs: OnlineLogs,
     /// Rollouts on servers (`use_vllm`, `vllm_mode = "server"`).
     servers: Option<ServerPool>,
+    /// Leave zero-advantage rows out of the training pass where that is exact; false only in
+    /// [`train_scoring_every_row`], the tests' reference.
+    skip_zero_advantage: bool,
 }
 
 impl Grpo<'_> {
@@ -140,6 +157,105 @@ impl Grpo<'_> {
             }
         }
         Ok(filter.finish())
+    }
+
+    /// `[N]` the rows of a rollout with `advantages` to leave out of the training pass: those
+    /// whose advantage is exactly 0, when leaving them out is exact; `None` otherwise.
+    fn rows_to_skip(&self, policy: &Policy, advantages: &Advantage) -> Option<Vec<bool>> {
+        let dropout = policy.lora.as_ref().is_some_and(|l| l.lora_dropout > 0.0);
+        let exact = skip_is_exact(self.cfg, self.critic.is_some(), dropout);
+        (self.skip_zero_advantage && exact).then(|| advantages.zero_rows())
+    }
+
+    /// Logs the rows of a micro-batch left out (`split`) and gives them their share of the
+    /// ratio metrics: 0, since with `A = 0` no ratio counts as clipped or capped, weighted by
+    /// their rows or tokens as the loss weighs its own, so those metrics stay fractions of all
+    /// the step's rows or tokens. (`entropy` is of the scored rows only.)
+    fn skipped_stats(&self, r: &Rollout, split: &MicroSplit, stats: &mut StepStats) {
+        let cfg = self.cfg;
+        stats.count("skipped_zero_adv_rows", split.skipped_rows as f64);
+        let vanished = f64::from(u8::from(split.scored.is_empty()));
+        stats.count("skipped_zero_adv_micro_batches", vanished);
+        let rloo = cfg.estimator.advantage_estimator == Estimator::Rloo;
+        let per_row = rloo
+            || (cfg.importance_sampling_level == ImportanceSamplingLevel::Sequence
+                && matches!(r.advantages, Advantage::PerSequence(_)));
+        let w = if per_row {
+            split.skipped_rows as f64
+        } else {
+            split.skipped_tokens
+        };
+        if rloo || cfg.loss_type.is_clipped_surrogate() {
+            for key in CLIP_KEYS {
+                stats.add(key, 0.0, w);
+            }
+        } else if cfg.loss_type == LossType::Cispo {
+            stats.add("cispo_clip_ratio", 0.0, w);
+        }
+    }
+
+    /// The policy loss of the scored rows of a micro-batch (RLOO's or [`grpo_loss`]), its
+    /// ratio metrics to `stats`; `norm` says what the whole micro-batch and step hold.
+    fn policy_loss(
+        &self,
+        r: &Rollout,
+        rows: &[usize],
+        pass: &PolicyPass,
+        norm: LossNormalizer,
+        stats: &mut StepStats,
+    ) -> Result<Tensor> {
+        let cfg = self.cfg;
+        let (tc, device) = (pass.mask.dim(1)?, pass.mask.device());
+        let adv = r.advantages.tensor(rows, tc, device)?;
+        if cfg.estimator.advantage_estimator == Estimator::Rloo {
+            // TRL's RLOOTrainer has no sampler correction; the weights go to the GRPO loss only.
+            let out = rloo_loss(&RlooLossInputs {
+                logp: &pass.logp,
+                old_logp: pass.old.as_ref(),
+                advantages: &adv,
+                mask: &pass.mask,
+                epsilon_low: cfg.epsilon,
+                epsilon_high: cfg.epsilon_high(),
+                accumulation_steps: norm.accumulation_steps,
+                micro_batch_rows: norm.micro_batch.map(|m| m.rows),
+            })?;
+            let n = rows.len() as f64;
+            stats.add(CLIP_KEYS[0], out.clip_low, n);
+            stats.add(CLIP_KEYS[1], out.clip_high, n);
+            stats.add(CLIP_KEYS[2], out.clip_low + out.clip_high, n);
+            return Ok(out.loss);
+        }
+        let is_weight = match &r.is_weights {
+            Some(w) => {
+                let w: Vec<&[f32]> = rows.iter().map(|&i| &w[i][..]).collect();
+                Some(pad_rows(&w, tc, device)?)
+            }
+            None => None,
+        };
+        let inputs = LossInputs {
+            logp: &pass.logp,
+            old_logp: pass.old.as_ref(),
+            ref_logp: pass.reference.as_ref(),
+            advantages: &adv,
+            mask: &pass.mask,
+            entropies: pass.entropies.as_ref(),
+            is_weight: is_weight.as_ref(),
+            normalizer: norm,
+        };
+        let out = grpo_loss(&inputs, &cfg.loss_config())?;
+        let (ntok, nratio) = (out.stats.tokens, out.stats.ratio_count);
+        if let Some(c) = out.stats.clip {
+            stats.add(CLIP_KEYS[0], c.low, nratio);
+            stats.add(CLIP_KEYS[1], c.high, nratio);
+            stats.add(CLIP_KEYS[2], c.region, nratio);
+        }
+        if let Some(c) = out.stats.cispo_clip_ratio {
+            stats.add("cispo_clip_ratio", c, nratio);
+        }
+        if let Some(kl) = out.stats.kl {
+            stats.add("kl", kl, ntok);
+        }
+        Ok(out.loss)
     }
 
     /// PPO's clipped value loss of micro-batch `mb`: `(value, clipfrac, loss tensor)`.
@@ -277,6 +393,7 @@ impl Algorithm for Grpo<'_> {
         metrics.extend(is_stats);
         Ok(Rollout {
             logged_advantages: est.advantages.per_completion(),
+            zero_adv: self.rows_to_skip(policy, &est.advantages),
             samples,
             advantages: est.advantages,
             old: old.filter(|_| needs.old_in_loss),
@@ -309,19 +426,24 @@ impl Algorithm for Grpo<'_> {
         step: &[Vec<usize>],
         mb: &[usize],
         stats: &mut StepStats,
-    ) -> Result<Tensor> {
+    ) -> Result<Option<Tensor>> {
         let cfg = self.cfg;
         let keep = |i: usize| !(cfg.mask_truncated_completions && r.samples[i].truncated);
-        let num_items: usize = step
-            .iter()
-            .flatten()
-            .filter(|&&i| keep(i))
-            .map(|&i| r.samples[i].completion_ids.len())
-            .sum();
-        let keep: Vec<bool> = mb.iter().map(|&i| keep(i)).collect();
-        let rows = MicroRows {
+        let tokens = |i: usize| usize::from(keep(i)) * r.samples[i].completion_ids.len();
+        let num_items: usize = step.iter().flatten().map(|&i| tokens(i)).sum();
+        let row_tokens: Vec<usize> = mb.iter().map(|&i| tokens(i)).collect();
+        let split = split_micro_batch(mb, r.zero_adv.as_deref(), &row_tokens);
+        if r.zero_adv.is_some() {
+            self.skipped_stats(r, &split, stats);
+        }
+        if split.scored.is_empty() {
+            return Ok(None);
+        }
+        let rows = &split.scored[..];
+        let keep: Vec<bool> = rows.iter().map(|&i| keep(i)).collect();
+        let micro = MicroRows {
             samples: &r.samples,
-            rows: mb,
+            rows,
             keep: &keep,
             old: r.old.as_deref(),
             reference: r.reference.as_deref(),
@@ -333,70 +455,20 @@ impl Algorithm for Grpo<'_> {
             temperature: cfg.temperature,
             share_prompts: cfg.share_prompts,
         };
-        let pass = policy_pass(&policy.model, self.train, &rows, o)?;
-        let device = policy.model.device();
-        // TRL's RLOOTrainer has no sampler correction; the weights go to the GRPO loss only.
-        let is_weight = match &r.is_weights {
-            Some(w) => {
-                let rows: Vec<&[f32]> = mb.iter().map(|&i| &w[i][..]).collect();
-                Some(pad_rows(&rows, pass.mask.dim(1)?, device)?)
-            }
-            None => None,
+        let pass = policy_pass(&policy.model, self.train, &micro, o)?;
+        let norm = LossNormalizer {
+            accumulation_steps: cfg.args.gradient_accumulation_steps,
+            num_items_in_batch: num_items.max(1) as f64,
+            micro_batch: (split.skipped_rows > 0).then_some(split.whole),
         };
-        let adv = r.advantages.tensor(mb, pass.mask.dim(1)?, device)?;
-        let loss = if cfg.estimator.advantage_estimator == Estimator::Rloo {
-            let out = rloo_loss(&RlooLossInputs {
-                logp: &pass.logp,
-                old_logp: pass.old.as_ref(),
-                advantages: &adv,
-                mask: &pass.mask,
-                epsilon_low: cfg.epsilon,
-                epsilon_high: cfg.epsilon_high(),
-                accumulation_steps: cfg.args.gradient_accumulation_steps,
-            })?;
-            let rows = mb.len() as f64;
-            stats.add("clip_ratio/low_mean", out.clip_low, rows);
-            stats.add("clip_ratio/high_mean", out.clip_high, rows);
-            stats.add("clip_ratio/region_mean", out.clip_low + out.clip_high, rows);
-            out.loss
-        } else {
-            let out = grpo_loss(
-                &LossInputs {
-                    logp: &pass.logp,
-                    old_logp: pass.old.as_ref(),
-                    ref_logp: pass.reference.as_ref(),
-                    advantages: &adv,
-                    mask: &pass.mask,
-                    entropies: pass.entropies.as_ref(),
-                    is_weight: is_weight.as_ref(),
-                    normalizer: LossNormalizer {
-                        accumulation_steps: cfg.args.gradient_accumulation_steps,
-                        num_items_in_batch: num_items.max(1) as f64,
-                    },
-                },
-                &cfg.loss_config(),
-            )?;
-            let (ntok, nratio) = (out.stats.tokens, out.stats.ratio_count);
-            if let Some(c) = out.stats.clip {
-                stats.add("clip_ratio/low_mean", c.low, nratio);
-                stats.add("clip_ratio/high_mean", c.high, nratio);
-                stats.add("clip_ratio/region_mean", c.region, nratio);
-            }
-            if let Some(c) = out.stats.cispo_clip_ratio {
-                stats.add("cispo_clip_ratio", c, nratio);
-            }
-            if let Some(kl) = out.stats.kl {
-                stats.add("kl", kl, ntok);
-            }
-            out.loss
-        };
+        let loss = self.policy_loss(r, rows, &pass, norm, stats)?;
         let ntok = pass.mask.sum_all()?.to_scalar::<f32>()? as f64;
         if let Some(e) = pass.entropy {
             stats.add("entropy", e, ntok);
         }
         let loss = match (self.critic, &r.old_values, &r.returns) {
             (Some(c), Some(old), Some(ret)) => {
-                let vf = self.value_loss(c, r, mb, &pass.mask, old, ret)?;
+                let vf = self.value_loss(c, r, rows, &pass.mask, old, ret)?;
                 // Logged per micro-batch, before the accumulation scaling.
                 let k = cfg.args.gradient_accumulation_steps as f64;
                 stats.add("value_loss", vf.0 * k, ntok);
@@ -406,7 +478,7 @@ impl Algorithm for Grpo<'_> {
             _ => loss,
         };
         stats.tokens += pass.num_tokens;
-        Ok(loss)
+        Ok(Some(loss))
     }
 
     fn step_metrics(
@@ -495,6 +567,27 @@ fn old_like(s: &Sample) -> Vec<f32> {
 /// Runs GRPO as configured: prints progress, writes metrics, samples, checkpoints, the final
 /// model and `run_summary.json` under `output_dir`.
 pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<GrpoSummary> {
+    train_with(cfg, p, opts, true)
+}
+
+/// [`train`] with every row scored in the training pass, zero-advantage ones too: the reference
+/// the tests compare the skipping against (the same result, only slower).
+#[doc(hidden)]
+pub fn train_scoring_every_row(
+    cfg: &GrpoConfig,
+    p: &mut Prepared,
+    opts: &RunOptions,
+) -> Result<GrpoSummary> {
+    train_with(cfg, p, opts, false)
+}
+
+/// [`train`], leaving zero-advantage rows out of the training pass or not.
+fn train_with(
+    cfg: &GrpoConfig,
+    p: &mut Prepared,
+    opts: &RunOptions,
+    skip_zero_advantage: bool,
+) -> Result<GrpoSummary> {
     let mut algo = Grpo {
         cfg,
         reference: p.reference.as_ref(),
@@ -506,6 +599,7 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
         plan: p.plan,
         health: HealthMonitor::new(cfg.kl_warning_threshold, cfg.zero_std_warning_steps),
         servers: connect_servers(cfg)?,
+        skip_zero_advantage,
     };
     crate::run::run(cfg, &mut algo, &mut p.policy, opts)
 }
@@ -594,6 +688,7 @@ pub(crate) fn online_step_metrics(
     m.push(("grad_norm".into(), out.grad_norm));
     m.push(("learning_rate".into(), out.lr));
     m.extend(out.stats.means().map(|(k, v)| (k.to_string(), v)));
+    m.extend(out.stats.counts().map(|(k, v)| (k.to_string(), v)));
     m.push((
         "tokens_per_s".into(),
         out.tokens as f64 / out.seconds.max(1e-9),

@@ -160,7 +160,7 @@ impl Algorithm for RewardModel<'_> {
         step: &[Vec<usize>],
         micro: &[usize],
         stats: &mut StepStats,
-    ) -> Result<Tensor> {
+    ) -> Result<Option<Tensor>> {
         let step_pairs: usize = step.iter().map(Vec::len).sum();
         let pairs: Vec<&RewardPair> = micro.iter().map(|&i| &self.train[i]).collect();
         let s = score_pairs(&policy.model, self.head, &pairs, policy.pad_id, true)?;
@@ -174,7 +174,7 @@ impl Algorithm for RewardModel<'_> {
         let mut all = self.step_scores.lock().expect("not poisoned");
         all.0.extend(chosen);
         all.1.extend(rejected);
-        Ok((l.sum_all()? / step_pairs.max(1) as f64)?)
+        Ok(Some((l.sum_all()? / step_pairs.max(1) as f64)?))
     }
 
     fn step_metrics(&self, _: &Self::Unit, out: &StepOutcome, _: bool, _: &Metrics) -> Metrics {

@@ -168,6 +168,11 @@ pub trait Algorithm: Send {
 
     /// The differentiable loss of micro-batch `micro` of optimiser step `step` (all its
     /// micro-batches, for normalisers over the whole step); diagnostics go to `stats`.
+    ///
+    /// `None` says that the micro-batch's loss and its gradient with respect to every var are
+    /// exactly 0, so nothing was computed (GRPO's zero-advantage rows). A step whose
+    /// micro-batches are all `None` gets a zero gradient for every var, as a computed pass
+    /// would give it (every var the pass reaches: all of them for the trainers here).
     fn micro_loss(
         &self,
         policy: &Policy,
@@ -175,7 +180,7 @@ pub trait Algorithm: Send {
         step: &[Vec<usize>],
         micro: &[usize],
         stats: &mut StepStats,
-    ) -> Result<Tensor>;
+    ) -> Result<Option<Tensor>>;
 
     /// The metrics of a finished optimiser step, in logging order (the core appends
     /// `skipped_steps`). `unit_times` holds the unit's phase times on its first step only.

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use candle_core::{DType, Var};
+use candle_core::{DType, Tensor, Var};
 use rlft_model::checkpoint::Checkpointing;
 use rlft_train::checkpoint::TrainerState;
 use rlft_train::{
@@ -19,10 +19,11 @@ use crate::config::{LrSchedulerType, TrainingArgs};
 use crate::error::Result;
 
 /// Token-weighted means of a step's diagnostics (clip ratios, KL, entropy...), summed over its
-/// micro-batches.
+/// micro-batches, and counts summed over them.
 #[derive(Debug, Clone, Default)]
 pub struct StepStats {
     sums: BTreeMap<&'static str, (f64, f64)>,
+    totals: BTreeMap<&'static str, f64>,
     /// Tokens the step's forward passes processed (for `tokens_per_s`).
     pub tokens: usize,
 }
@@ -41,6 +42,16 @@ impl StepStats {
             .iter()
             .filter(|(_, (_, w))| *w > 0.0)
             .map(|(k, (s, w))| (*k, s / w))
+    }
+
+    /// Adds `n` to the step's count `key` (reported even when it stays 0).
+    pub fn count(&mut self, key: &'static str, n: f64) {
+        *self.totals.entry(key).or_insert(0.0) += n;
+    }
+
+    /// The counts, by key.
+    pub fn counts(&self) -> impl Iterator<Item = (&'static str, f64)> + '_ {
+        self.totals.iter().map(|(k, n)| (*k, *n))
     }
 }
 
@@ -100,7 +111,10 @@ pub(super) fn step<A: Algorithm>(
             .gradient_checkpointing
             .then(|| Checkpointing::begin(&policy.model))
             .transpose()?;
-        let loss = algo.micro_loss(policy, unit, micro, mb, &mut stats)?;
+        // `None`: the micro-batch's loss and gradient are exactly 0 and were not computed.
+        let Some(loss) = algo.micro_loss(policy, unit, micro, mb, &mut stats)? else {
+            continue;
+        };
         loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         let grads = match session {
             Some(s) => s.backward(&loss, all_vars)?,
@@ -108,7 +122,11 @@ pub(super) fn step<A: Algorithm>(
         };
         acc.add_owned(grads, 1.0)?;
     }
-    let mut grads = acc.finish();
+    let mut grads = if acc.micro_batches() == 0 {
+        zero_grads(&vars)?
+    } else {
+        acc.finish()
+    };
     let lr = sched.lr_at(
         state.rlft.scheduler_step as usize,
         algo.total_steps() as usize,
@@ -133,6 +151,23 @@ pub(super) fn step<A: Algorithm>(
         seconds: t0.elapsed().as_secs_f64(),
         stats,
     })
+}
+
+/// The gradients of a step none of whose micro-batches was computed (each one's is exactly 0,
+/// see [`Algorithm::micro_loss`]): a zero for every var, in the dtype [`GradAccumulator`] sums
+/// in (f32; f64 for f64 vars). AdamW then steps as it does after computed zero gradients: its
+/// moments decay, weight decay applies and its step count advances.
+fn zero_grads(vars: &[Var]) -> Result<candle_core::backprop::GradStore> {
+    let mut grads = candle_core::backprop::GradStore::default();
+    for v in vars {
+        let dtype = if v.dtype() == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        };
+        grads.insert(v.as_tensor(), Tensor::zeros(v.shape(), dtype, v.device())?);
+    }
+    Ok(grads)
 }
 
 /// AdamW over the trainable parameters (no decay on vectors: biases, norms).

@@ -89,7 +89,7 @@ impl Algorithm for Sft<'_> {
         step: &[Vec<usize>],
         micro: &[usize],
         stats: &mut StepStats,
-    ) -> Result<Tensor> {
+    ) -> Result<Option<Tensor>> {
         let total_targets: usize = step
             .iter()
             .flatten()
@@ -99,7 +99,7 @@ impl Algorithm for Sft<'_> {
         let mb = batch::micro_batch(&refs, policy.pad_id, policy.model.device())?;
         let nll = batch::summed_nll(&policy.model, &mb, true)?;
         stats.tokens += mb.num_tokens;
-        Ok((nll / total_targets.max(1) as f64)?)
+        Ok(Some((nll / total_targets.max(1) as f64)?))
     }
 
     fn step_metrics(&self, _: &Self::Unit, out: &StepOutcome, _: bool, _: &Metrics) -> Metrics {

@@ -131,11 +131,15 @@ pub fn grpo_loss_loop(inp: &LoopLossInputs, cfg: &LossConfig) -> LoopLossOutput 
         }
         total_tokens += row_tokens[i];
     }
+    // The whole micro-batch's rows and tokens, when only some of its rows are given.
+    let whole = inp.normalizer.micro_batch_size(n, total_tokens);
     let weight = |i: usize| -> f64 {
         match cfg.loss_type.reduction() {
-            Reduction::SequenceMean => 1.0 / row_tokens[i].max(1.0) / n as f64 / k,
-            Reduction::MicroBatchTokenMean => 1.0 / total_tokens.max(1.0) / k,
-            Reduction::ConstantNormalized => 1.0 / (n * cfg.max_completion_length) as f64 / k,
+            Reduction::SequenceMean => 1.0 / row_tokens[i].max(1.0) / whole.rows as f64 / k,
+            Reduction::MicroBatchTokenMean => 1.0 / whole.tokens.max(1.0) / k,
+            Reduction::ConstantNormalized => {
+                1.0 / (whole.rows * cfg.max_completion_length) as f64 / k
+            }
             Reduction::StepTokenMean => 1.0 / inp.normalizer.num_items_in_batch.max(1.0),
         }
     };

@@ -35,6 +35,9 @@
 //! dr_grpo      : m_it / (N * max_completion_length) / k
 //! dapo, cispo  : m_it / max(num_items_in_batch, 1)
 //! ```
+//!
+//! where `N` and `sum m` are the whole micro-batch's when only some of its rows are given
+//! (`LossNormalizer::micro_batch`).
 
 mod loss;
 

@@ -300,6 +300,7 @@ fn compare(case: &Case, dtype: DType, tol: f64) -> Errs {
     let normalizer = LossNormalizer {
         accumulation_steps: 3,
         num_items_in_batch: 2.0 * tokens + 5.0,
+        micro_batch: None,
     };
     let mut errs: Errs = (0.0, 0.0, 0.0);
     for cfg in variants(t) {
@@ -466,6 +467,7 @@ fn accumulation_split_invariance() {
                 normalizer: LossNormalizer {
                     accumulation_steps: steps,
                     num_items_in_batch: tokens,
+                    micro_batch: None,
                 },
             },
             cfg,
