@@ -71,6 +71,12 @@ pub struct TinyPythonExprArgs {
     /// never deleted).
     #[arg(long)]
     pub overwrite: bool,
+    /// Leave out of the test split every expression that this tiny_python_expr dataset holds
+    /// in its train or test split (repeatable): a held-out test set of another seed, e.g.
+    /// `--seed 7 --train-size 0 --test-size 300 --exclude data/tpe` for a model trained on
+    /// data/tpe. The test split then has at most --test-size rows.
+    #[arg(long, value_name = "DATASET")]
+    pub exclude: Vec<PathBuf>,
     /// Write preference pairs of the same expressions instead of prompts: conversational
     /// `prompt` / `chosen` (the right boxed answer) / `rejected` (see --rejected, drawn from
     /// the seed), for `rlft reward-model` and DPO.
@@ -108,7 +114,13 @@ fn run_tiny_python_expr(a: TinyPythonExprArgs) -> Result<()> {
         value_max: a.value_max,
     };
     check_output(&a.output, a.overwrite)?;
-    let ds = generate(&opts)?;
+    let mut ds = generate(&opts)?;
+    let excluded = excluded_expressions(&a.exclude)?;
+    let before = ds.test.len();
+    ds.test.retain(|r| !excluded.contains(&r.expression));
+    for (i, r) in ds.test.iter_mut().enumerate() {
+        r.index = i;
+    }
     let formats = SaveFormats {
         jsonl: a.jsonl,
         parquet: a.parquet,
@@ -135,6 +147,17 @@ fn run_tiny_python_expr(a: TinyPythonExprArgs) -> Result<()> {
     );
     println!("  train: {} rows", ds.train.len());
     println!("  test:  {} rows", ds.test.len());
+    if !a.exclude.is_empty() {
+        println!(
+            "  ({} test rows left out: their expressions are in {})",
+            before - ds.test.len(),
+            a.exclude
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     println!("wrote {} (DatasetDict: train, test)", a.output.display());
     for path in written.iter().skip(1) {
         println!("  {}", path.display());
@@ -161,6 +184,38 @@ fn run_tiny_python_expr(a: TinyPythonExprArgs) -> Result<()> {
         a.output.display().to_string()
     );
     Ok(())
+}
+
+/// The `extra_info.expression` of every row of the train and test splits of `datasets`.
+fn excluded_expressions(datasets: &[PathBuf]) -> Result<std::collections::HashSet<String>> {
+    let mut out = std::collections::HashSet::new();
+    for path in datasets {
+        let mut found = false;
+        for split in ["train", "test"] {
+            let Ok(ds) = rlft_data::load_dataset(path, Some(split)) else {
+                continue;
+            };
+            found = true;
+            for row in ds.iter() {
+                let e = row["extra_info"]["expression"].as_str().with_context(|| {
+                    format!(
+                        "--exclude {}: a {split} row has no extra_info.expression; point it at \
+                         a dataset `rlft data tiny-python-expr` wrote",
+                        path.display()
+                    )
+                })?;
+                out.insert(e.to_string());
+            }
+        }
+        if !found {
+            bail!(
+                "--exclude {}: no train or test split could be read there; point it at a \
+                 dataset `rlft data tiny-python-expr` wrote",
+                path.display()
+            );
+        }
+    }
+    Ok(out)
 }
 
 /// Refuses a non-empty output directory (or a file) unless `--overwrite` is given.

@@ -164,3 +164,65 @@ fn extended_operators_and_clear_errors() {
     );
     assert!(!fresh.exists(), "nothing is written on error");
 }
+
+#[test]
+fn exclude_leaves_the_training_expressions_out_of_a_held_out_test_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (train, held) = (tmp.path().join("train"), tmp.path().join("held"));
+    let (t, h) = (train.to_str().unwrap(), held.to_str().unwrap());
+    ok(&rlft(&[
+        "data",
+        "tiny-python-expr",
+        "-o",
+        t,
+        "--train-size",
+        "256",
+    ]));
+    let all = [
+        "data",
+        "tiny-python-expr",
+        "--seed",
+        "7",
+        "--train-size",
+        "0",
+    ];
+    let stdout = ok(&rlft(
+        &[&all[..], &["-o", h, "--test-size", "300", "--exclude", t]].concat(),
+    ));
+    assert!(stdout.contains("test rows left out"), "{stdout}");
+    let expressions = |dir: &Path, split: &str| -> Vec<String> {
+        rlft_data::load_dataset(dir, Some(split))
+            .unwrap()
+            .iter()
+            .map(|r| r["extra_info"]["expression"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let seen: std::collections::HashSet<String> = ["train", "test"]
+        .iter()
+        .flat_map(|s| expressions(&train, s))
+        .collect();
+    let kept = expressions(&held, "test");
+    assert!(kept.len() > 200 && kept.len() < 300, "{}", kept.len());
+    assert!(kept.iter().all(|e| !seen.contains(e)));
+    // The rows kept are the seed's own rows, in order, re-indexed from 0.
+    let index: Vec<u64> = rlft_data::load_dataset(&held, Some("test"))
+        .unwrap()
+        .iter()
+        .map(|r| r["extra_info"]["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(index, (0..kept.len() as u64).collect::<Vec<_>>());
+    // Something that is not such a dataset is named.
+    let bad = rlft(
+        &[
+            &all[..],
+            &["-o", h, "--overwrite", "--exclude", "/nonexistent"],
+        ]
+        .concat(),
+    );
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("--exclude /nonexistent"),
+        "{}",
+        stderr(&bad)
+    );
+}

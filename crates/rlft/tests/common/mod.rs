@@ -35,6 +35,7 @@ pub fn weights(policy: &rlft::run::Policy) -> Vec<(String, Vec<f32>)> {
 /// Panics unless `a` and `b` hold the same named tensors bit for bit (so NaN equals NaN and
 /// -0.0 differs from 0.0, which `==` and a max-difference check both miss), naming the first
 /// element that differs: what every same-seed and resume test asserts.
+#[allow(dead_code)]
 pub fn assert_same_bits(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)], what: &str) {
     assert_eq!(
         a.len(),
