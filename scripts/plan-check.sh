@@ -40,7 +40,7 @@ if [ ! -f "$WORK/sft.jsonl" ]; then
   done > "$WORK/sft.jsonl"
 fi
 
-GRPO=(examples/tiny_python_expr/cpu.toml --set max_steps=2 --set "dataset=$WORK/tpe")
+GRPO=(examples/tiny_python_expr/cpu.toml --set model=smollm2-135m --set max_steps=2 --set "dataset=$WORK/tpe")
 PPO=(examples/tiny_python_expr/cpu_ppo.toml --set max_steps=2 --set "dataset=$WORK/tpe")
 RLOO=(examples/tiny_python_expr/cpu_rloo.toml --set max_steps=2 --set "dataset=$WORK/tpe")
 DPO=(examples/tiny_python_expr/cpu_dpo.toml --set max_steps=2 --set "dataset=$WORK/prefs")
