@@ -99,8 +99,9 @@ def percentile(xs, q):
 
 
 async def run(args, base_url, model):
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0,
-                                timeout=3600)
+    # A server started with a key (RLFT_API_KEY, which `rlft serve` reads too) wants it back.
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=os.environ.get("RLFT_API_KEY", "unused"),
+                                max_retries=0, timeout=3600)
     # One short request first, so model loading and first-call costs stay out of the numbers.
     warm = argparse.Namespace(**{**vars(args), "min_tokens": 4, "max_tokens": 4})
     await one(client, model, 0, warm)
