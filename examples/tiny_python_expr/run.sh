@@ -106,3 +106,15 @@ echo "== train -> $OUT"
 
 # The trainer writes the report at the end ($OUT/report/); `rlft report $OUT` redraws it any time.
 echo "report: $OUT/report/report.html"
+# The result in one block: the held-out eval before and after, wall time and peak memory.
+python3 - "$OUT/run_summary.json" <<'PY' || true
+import json, sys
+s = json.load(open(sys.argv[1]))
+before, after = s.get("eval_initial") or {}, s.get("eval_final") or {}
+print("== result (greedy, held-out eval prompts)")
+for key in sorted(after):
+    if key == "eval/reward" or key.endswith(("/format/mean", "/accuracy/mean")):
+        name = key.removeprefix("eval/").removesuffix("/mean")
+        print(f"  {name:<36} {before.get(key, float('nan')):.3f} -> {after[key]:.3f}")
+print(f"  wall time {s.get('wall_time_s', 0):.0f} s, peak RSS {s.get('peak_rss_mib') or 0:.0f} MiB")
+PY
