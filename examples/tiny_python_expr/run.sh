@@ -105,7 +105,6 @@ echo "== train -> $OUT"
 "$RLFT" "$ALGO" --config "$CONFIG" --device "$DEVICE" "${SETS[@]}" "${RESUME_ARG[@]}" ${EXTRA_ARGS:-}
 
 # The trainer writes the report at the end ($OUT/report/); `rlft report $OUT` redraws it any time.
-echo "report: $OUT/report/report.html"
 # The result in one block: the held-out eval before and after, wall time and peak memory.
 python3 - "$OUT/run_summary.json" <<'PY' || true
 import json, sys
