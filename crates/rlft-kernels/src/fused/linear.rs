@@ -13,6 +13,7 @@ use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor
 use rayon::prelude::*;
 
 use super::low_rank::expand;
+pub use super::quant_linear::FrozenBase;
 use super::{contiguous_slice, dispatch, tensor, with_slice};
 use crate::gemm::{gemm, gemm_new};
 use crate::math::Real;
@@ -43,13 +44,39 @@ pub fn lora_linear(
     mask: Option<&Tensor>,
 ) -> candle_core::Result<Tensor> {
     check(x, w, bias)?;
+    lora_linear_over(
+        x,
+        FrozenBase::Dense(w.detach().contiguous()?),
+        bias,
+        a,
+        b,
+        scaling,
+        mask,
+    )
+}
+
+/// [`lora_linear`] over any frozen base: an f32/f64 tensor or GGUF blocks (f32 activations).
+pub fn lora_linear_over(
+    x: &Tensor,
+    base: FrozenBase,
+    bias: Option<&Tensor>,
+    a: &Tensor,
+    b: &Tensor,
+    scaling: f64,
+    mask: Option<&Tensor>,
+) -> candle_core::Result<Tensor> {
     let (m, k) = rows_in(x.dims());
-    let (n, _) = w.dims2()?;
+    let (n, kw) = base.dims2()?;
     let (r, ka) = a.dims2()?;
-    if ka != k || b.dims2()? != (n, r) || mask.is_some_and(|t| t.dims() != x.dims()) {
+    if kw != k
+        || ka != k
+        || bias.is_some_and(|t| t.dims() != [n])
+        || b.dims2()? != (n, r)
+        || mask.is_some_and(|t| t.dims() != x.dims())
+    {
         candle_core::bail!(
-            "lora_linear: x [{m}, {k}], base [{n}, {k}] need A [r, {k}], B [{n}, r] and a mask \
-             [{m}, {k}]; got A {:?}, B {:?}",
+            "lora_linear: x [{m}, {k}], base [{n}, {kw}] need A [r, {k}], B [{n}, r], bias [{n}] \
+             and a mask [{m}, {k}]; got A {:?}, B {:?}",
             a.dims(),
             b.dims()
         );
@@ -58,7 +85,7 @@ pub fn lora_linear(
         &a.contiguous()?,
         &b.contiguous()?,
         LoraLinear {
-            w: w.detach().contiguous()?,
+            w: base,
             bias: bias.map(|t| t.detach().contiguous()).transpose()?,
             mask: mask.map(|t| t.detach().contiguous()).transpose()?,
             scaling,
@@ -181,7 +208,7 @@ impl CustomOp2 for Linear {
 }
 
 struct LoraLinear {
-    w: Tensor,
+    w: FrozenBase,
     bias: Option<Tensor>,
     mask: Option<Tensor>,
     scaling: f64,
@@ -274,10 +301,7 @@ impl CustomOp3 for LoraLinear {
                 Some(bias) => with_slice::<T, _>(bias, |bv| Ok(expand(&h, &bt, Some(bv), m, r, n)))?,
                 None => expand(&h, &bt, None, m, r, n),
             };
-            with_slice::<T, _>(&self.w, |w| {
-                gemm(m, n, k, &mut y, x, false, w, true, true);
-                Ok(())
-            })?;
+            self.w.add_xwt(m, x, &mut y)?;
             *self.stash()? = Some(tensor(h, &[m, r])?);
             Ok((T::to_cpu_storage_owned(y), out_shape(xl.dims(), n)))
         })
@@ -319,10 +343,7 @@ impl CustomOp3 for LoraLinear {
                                         Ok(())
                                     })?;
                                 }
-                                with_slice::<T, _>(&self.w, |w| {
-                                    gemm(m, k, n, &mut dx, g, false, w, false, true);
-                                    Ok(())
-                                })?;
+                                self.w.add_gw(m, g, &mut dx)?;
                                 Some(dx)
                             } else {
                                 None

@@ -12,6 +12,8 @@
 //! - [`rope::rope`]: rotary embedding (HF "rotate half"), reading a strided `[b, h, t, d]` view.
 //! - [`attention::attention`]: grouped-query attention, probabilities recomputed in backward.
 //! - [`linear`]: `x @ W^T + b`, and the LoRA layer over a frozen base, one node each.
+//! - [`quant_linear`]: the linear layer over a frozen base kept in GGUF blocks (LoRA over a
+//!   GGUF file), dequantised chunk by chunk.
 //! - [`head`]: LM head + log-softmax + gather over vocabulary blocks, never `[rows, vocab]`.
 //! - [`constant`]: products and element-wise ops with a constant operand (frozen weights,
 //!   rotary tables, masks) that keep it out of the graph, on any device.
@@ -26,6 +28,7 @@ pub mod head;
 pub mod linear;
 mod low_rank;
 pub mod norm;
+pub mod quant_linear;
 pub mod rope;
 
 use std::sync::atomic::{AtomicBool, Ordering};

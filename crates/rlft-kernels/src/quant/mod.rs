@@ -23,7 +23,10 @@ use rlft_gguf::GgmlType;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod dense;
 mod groups;
+
+pub use dense::CHUNK_ELEMENTS;
 
 pub use groups::BLOCK;
 
@@ -43,6 +46,13 @@ enum Blocks {
     },
     /// `x = q * d` with `q` a signed byte.
     Q8_0 { d: Vec<f32>, qs: Vec<i8> },
+    /// Any other type [`rlft_gguf::dequantize`] reads (the k-quants, Q5_0, F16, ...): the
+    /// file's bytes, `row_bytes` per row, dequantised a tile of rows at a time.
+    Raw {
+        ty: GgmlType,
+        row_bytes: usize,
+        data: Vec<u8>,
+    },
 }
 
 /// A frozen weight `[rows, cols]` in a GGUF block format, bound to the f32 tensor it mirrors.
@@ -104,6 +114,43 @@ impl QuantWeight {
         })
     }
 
+    /// [`Self::from_gguf`] for every quantised or 16-bit type the loader dequantises (Q4_K,
+    /// Q5_0, Q6_K, ... kept as the file's bytes); `None` for f32/f64 and integer tensors (no
+    /// smaller than their f32 copy), rows that are not whole blocks, or a size mismatch.
+    pub fn from_gguf_any(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Option<Self> {
+        if let Some(q) = Self::from_gguf(ty, rows, cols, data) {
+            return Some(q);
+        }
+        let row_bytes = Self::raw_row_bytes(ty, cols)?;
+        (data.len() == rows * row_bytes).then(|| QuantWeight {
+            rows,
+            cols,
+            blocks: Blocks::Raw {
+                ty,
+                row_bytes,
+                data: data.to_vec(),
+            },
+            source: None,
+        })
+    }
+
+    /// Bytes per row of a [`Blocks::Raw`] matrix of `cols` columns of `ty`, when kept.
+    fn raw_row_bytes(ty: GgmlType, cols: usize) -> Option<usize> {
+        use GgmlType::*;
+        if matches!(ty, F32 | F64 | I8 | I16 | I32 | I64) || !ty.can_dequantize() || cols == 0 {
+            return None;
+        }
+        if !cols.is_multiple_of(ty.block_size()) {
+            return None;
+        }
+        Some(cols / ty.block_size() * ty.type_size())
+    }
+
+    /// Bytes [`Self::from_gguf_any`] would hold for a `[rows, cols]` tensor of type `ty`.
+    pub fn bytes_for_any(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
+        Self::bytes_for(ty, rows, cols).or_else(|| Some(rows * Self::raw_row_bytes(ty, cols)?))
+    }
+
     /// Bytes [`Self::from_gguf`] would hold for a `[rows, cols]` tensor of type `ty` (`None`
     /// when it would not keep it).
     pub fn bytes_for(ty: GgmlType, rows: usize, cols: usize) -> Option<usize> {
@@ -128,7 +175,14 @@ impl QuantWeight {
         match &self.blocks {
             Blocks::Q4_1 { d, m, qs } => 4 * (d.len() + m.len()) + qs.len(),
             Blocks::Q8_0 { d, qs } => 4 * d.len() + qs.len(),
+            Blocks::Raw { data, .. } => data.len(),
         }
+    }
+
+    /// Whether the blocks have in-register decode kernels (Q4_1, Q8_0); other types are
+    /// dequantised a tile at a time.
+    fn in_register(&self) -> bool {
+        !matches!(self.blocks, Blocks::Raw { .. })
     }
 
     /// Row `i` of the result is row `perm[i]` of `self` (the loader's q/k un-permutation).
@@ -155,6 +209,18 @@ impl QuantWeight {
                     .flat_map(|&r| qs[r * self.cols..(r + 1) * self.cols].iter().copied())
                     .collect(),
             },
+            Blocks::Raw {
+                ty,
+                row_bytes,
+                data,
+            } => Blocks::Raw {
+                ty: *ty,
+                row_bytes: *row_bytes,
+                data: perm
+                    .iter()
+                    .flat_map(|&r| data[r * row_bytes..(r + 1) * row_bytes].iter().copied())
+                    .collect(),
+            },
         };
         QuantWeight {
             rows: perm.len(),
@@ -178,6 +244,17 @@ impl QuantWeight {
 
     /// Dequantises rows `r0..r0 + n` into `out [n, cols]`, with the loader's formulas.
     pub fn dequant_rows(&self, r0: usize, n: usize, out: &mut [f32]) {
+        if let Blocks::Raw {
+            ty,
+            row_bytes,
+            data,
+        } = &self.blocks
+        {
+            let bytes = &data[r0 * row_bytes..(r0 + n) * row_bytes];
+            rlft_gguf::dequantize(*ty, bytes, &mut out[..n * self.cols])
+                .expect("sizes checked when the blocks were read");
+            return;
+        }
         let nb = self.cols / BLOCK;
         let (b0, b1) = (r0 * nb, (r0 + n) * nb);
         let out = &mut out[..n * self.cols];
@@ -211,6 +288,7 @@ impl QuantWeight {
                     }
                 }
             }
+            Blocks::Raw { .. } => unreachable!("dequant_rows reads raw blocks itself"),
         }
     }
 
@@ -263,6 +341,7 @@ impl QuantWeight {
                     }
                 }
             }
+            Blocks::Raw { .. } => unreachable!("dequant_rows reads raw blocks itself"),
         }
     }
 
@@ -275,7 +354,7 @@ impl QuantWeight {
         debug_assert!(x.len() >= m * k && out.len() >= m * n);
         #[cfg(target_arch = "x86_64")]
         {
-            if crate::simd::avx2_fma() {
+            if crate::simd::avx2_fma() && self.in_register() {
                 // Tasks write their columns of `out` directly (no transposed copy to undo on
                 // the calling thread: 393K values per decode step for a 49K-token head).
                 return Self::matmul_wt_many(&[self], x, m, &mut [out]);
@@ -299,7 +378,7 @@ impl QuantWeight {
         #[cfg(target_arch = "x86_64")]
         {
             let k = ws.first().map_or(0, |w| w.cols);
-            if crate::simd::avx2_fma() && ws.iter().all(|w| w.cols == k) {
+            if crate::simd::avx2_fma() && ws.iter().all(|w| w.cols == k && w.in_register()) {
                 let nb = k / BLOCK;
                 let threads = rayon::current_num_threads().max(1);
                 let total: usize = ws.iter().map(|w| w.rows).sum();
@@ -327,6 +406,7 @@ impl QuantWeight {
                             d: &d[b0..b1],
                             qs: &qs[b0 * BLOCK..b1 * BLOCK],
                         },
+                        Blocks::Raw { .. } => unreachable!("checked by in_register above"),
                     };
                     // SAFETY: the CPU has AVX2 and FMA (checked above); the slices hold the
                     // blocks of `cols` whole rows; `outs[wi]` holds `m * rows` values (asserted
@@ -391,12 +471,12 @@ unsafe fn matmul_blocks(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
 
     /// Random GGUF blocks of `ty` for a `[rows, cols]` matrix (finite scales).
-    fn random_blocks(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    pub(crate) fn random_blocks(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let mut out = Vec::new();
         let f16b = |v: f32| half::f16::from_f32(v).to_bits().to_le_bytes();
@@ -413,7 +493,7 @@ mod tests {
         out
     }
 
-    fn reference(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Vec<f32> {
+    pub(crate) fn reference(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Vec<f32> {
         let mut w = vec![0f32; rows * cols];
         rlft_gguf::dequantize(ty, data, &mut w).unwrap();
         w
