@@ -147,7 +147,7 @@ fn lm_head_logprobs_with(
 }
 
 /// `targets` as row indices into the vocabulary, checked: `n` of them, each in `[0, v)`.
-fn target_ids(targets: &Tensor, n: usize, v: usize) -> candle_core::Result<Vec<u32>> {
+pub(super) fn target_ids(targets: &Tensor, n: usize, v: usize) -> candle_core::Result<Vec<u32>> {
     let t = targets.flatten_all()?;
     if t.dim(0)? != n {
         candle_core::bail!(
@@ -224,7 +224,7 @@ fn row_stats<T: Real>(row: &mut [T], target: usize, normalize: bool) -> (T, T, T
 
 /// Elements per partial sum of [`row_stats`]: summed in `T` with vector lanes, then the
 /// partial sums in f64.
-const SUM_CHUNK: usize = 1024;
+pub(super) const SUM_CHUNK: usize = 1024;
 
 #[inline(always)]
 fn row_stats_inner<T: Real>(row: &mut [T], target: usize, normalize: bool) -> (T, T, T) {
@@ -260,7 +260,7 @@ fn row_stats_inner<T: Real>(row: &mut [T], target: usize, normalize: bool) -> (T
 /// fused loop with the exp inside the lanes does not vectorise (several times slower per
 /// element).
 #[inline(always)]
-fn exp_sums<T: Real, const WRITE: bool>(c: &mut [T], mx: T) -> (T, T) {
+pub(super) fn exp_sums<T: Real, const WRITE: bool>(c: &mut [T], mx: T) -> (T, T) {
     const L: usize = LANES;
     let zero = T::from_f64(0.0);
     let mut buf = [zero; SUM_CHUNK];

@@ -15,6 +15,8 @@
 //! - [`quant_linear`]: the linear layer over a frozen base kept in GGUF blocks (LoRA over a
 //!   GGUF file), dequantised chunk by chunk.
 //! - [`head`]: LM head + log-softmax + gather over vocabulary blocks, never `[rows, vocab]`.
+//! - [`quant_head`]: the same over a frozen head kept in GGUF blocks, dequantised once per
+//!   forward a vocabulary chunk at a time (online softmax across the chunks), never whole.
 //! - [`constant`]: products and element-wise ops with a constant operand (frozen weights,
 //!   rotary tables, masks) that keep it out of the graph, on any device.
 //!
@@ -29,6 +31,7 @@ pub mod linear;
 mod low_rank;
 pub mod norm;
 pub mod quant_linear;
+pub mod quant_head;
 pub mod rope;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -185,7 +185,7 @@ impl CustomOp1 for QuantLinear {
 mod tests {
     use super::super::test_util::{rand, rel_diff};
     use super::*;
-    use crate::quant::tests::{random_blocks, reference};
+    use crate::quant::test_blocks::{random_blocks, reference};
     use candle_core::{Device, Var};
     use rlft_gguf::GgmlType;
 

@@ -112,7 +112,7 @@ impl QuantWeight {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{random_blocks, reference};
+    use super::super::test_blocks::{random_blocks, reference};
     use super::*;
     use rand::{Rng, SeedableRng};
     use rlft_gguf::GgmlType;

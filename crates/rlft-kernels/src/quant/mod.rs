@@ -470,10 +470,12 @@ unsafe fn matmul_blocks(
     }
 }
 
+/// GGUF test data for the kernels that read [`QuantWeight`] (here and in [`crate::fused`]).
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
+pub(crate) mod test_blocks {
+    use super::BLOCK;
     use rand::{Rng, SeedableRng};
+    use rlft_gguf::GgmlType;
 
     /// Random GGUF blocks of `ty` for a `[rows, cols]` matrix (finite scales).
     pub(crate) fn random_blocks(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
@@ -493,11 +495,19 @@ pub(crate) mod tests {
         out
     }
 
+    /// The loader's f32 values of `data` (what [`super::QuantWeight`] must reproduce).
     pub(crate) fn reference(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Vec<f32> {
         let mut w = vec![0f32; rows * cols];
         rlft_gguf::dequantize(ty, data, &mut w).unwrap();
         w
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_blocks::{random_blocks, reference};
+    use super::*;
+    use rand::{Rng, SeedableRng};
 
     #[test]
     fn dequantised_rows_are_bit_identical_to_the_loader() {
