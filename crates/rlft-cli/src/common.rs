@@ -95,6 +95,7 @@ pub fn load(args: &ModelArgs) -> Result<LoadedModel> {
     let opts = LoadOptions {
         device: parse_device(&args.device)?,
         dtype: parse_dtype(&args.dtype)?,
+        ..Default::default()
     };
     let t0 = Instant::now();
     let m = load_any(&path, args.base.as_deref(), &opts)?;

@@ -117,6 +117,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
         &rlft_model::load::LoadOptions {
             device,
             dtype: candle_core::DType::F32,
+            ..Default::default()
         },
     )?;
     let items = eval_prompts(&cfg, &loaded.text)?;

@@ -84,6 +84,7 @@ pub fn run(a: SampledPreferencesArgs) -> Result<()> {
         &rlft_model::load::LoadOptions {
             device: device.clone(),
             dtype: candle_core::DType::F32,
+            ..Default::default()
         },
     )?;
     let ds = load_dataset(&cfg.args.dataset, Some(&cfg.args.dataset_split))?;

@@ -490,6 +490,7 @@ fn write_adapter(dir: &Path) {
     let opts = rlft_model::load::LoadOptions {
         device: candle_core::Device::Cpu,
         dtype: candle_core::DType::F32,
+        ..Default::default()
     };
     let mut m = rlft_model::load_model(fixtures::default_model(), &opts).unwrap();
     let cfg = rlft_model::LoraConfig {

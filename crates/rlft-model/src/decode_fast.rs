@@ -19,6 +19,7 @@ use rlft_kernels::stream::{matmul_wt, SMALL_M};
 
 use crate::decoder::CausalLm;
 use crate::error::{ModelError, Result};
+use crate::weight::Weight;
 
 /// Keys and values of one sequence: per layer `[kv_heads, capacity, head_dim]`.
 #[derive(Debug, Clone)]
@@ -85,10 +86,14 @@ impl RowCache {
 /// Whether the fused path applies to this model: f32 weights (and LoRA adapters) on the CPU.
 pub fn supported(model: &CausalLm) -> bool {
     let f32_cpu = |t: &Tensor| matches!(t.device(), Device::Cpu) && t.dtype() == DType::F32;
-    f32_cpu(&model.embed_tokens)
+    let f32_weight = |w: &Weight| w.dense().is_none_or(f32_cpu);
+    f32_cpu(&model.norm)
+        && f32_weight(&model.embed_tokens)
+        && model.lm_head.as_ref().is_none_or(f32_weight)
         && model.linears().iter().all(|(_, l)| {
-            l.active_lora()
-                .is_none_or(|a| f32_cpu(&a.a) && f32_cpu(&a.b))
+            f32_weight(&l.weight)
+                && l.active_lora()
+                    .is_none_or(|a| f32_cpu(&a.a) && f32_cpu(&a.b))
         })
 }
 
@@ -124,18 +129,24 @@ fn linear(l: &crate::ops::Linear, x: &[f32], m: usize, out: &mut [f32]) -> Resul
         "prefill linear (gemm)"
     });
     let out = &mut out[..m * n];
-    match block_weight(l, m) {
-        Some(q) => q.matmul_wt(x, m, out),
-        None => with_f32(&l.weight, |w| matmul(x, m, k, w, n, out))?,
+    match (block_weight(l, m), &l.weight) {
+        (Some(q), _) => q.matmul_wt(x, m, out),
+        (None, Weight::Quant(q)) => q.xwt(x, m, out, false),
+        (None, Weight::Dense(w)) => with_f32(w, |w| matmul(x, m, k, w, n, out))?,
     }
     bias_and_adapter(l, x, m, out)
 }
 
-/// The GGUF blocks a decode step (`m` small) reads instead of `l`'s f32 weight, if any.
+/// The GGUF blocks a decode step (`m` small) reads instead of an f32 weight, if any: the
+/// weight's own blocks, or those kept beside a dense weight while they mirror it.
 fn block_weight(l: &crate::ops::Linear, m: usize) -> Option<&QuantWeight> {
-    l.quant
-        .as_deref()
-        .filter(|q| m <= SMALL_M && q.mirrors(&l.weight))
+    if m > SMALL_M {
+        return None;
+    }
+    match &l.weight {
+        Weight::Quant(q) => Some(q),
+        Weight::Dense(w) => l.quant.as_deref().filter(|q| q.mirrors(w)),
+    }
 }
 
 /// [`linear`] for layers reading the same `x` (q/k/v; gate/up): when all decode from GGUF
@@ -304,12 +315,18 @@ fn run(
         gate: vec![0f32; n * i_sz],
         up: vec![0f32; n * i_sz],
     };
-    with_f32(&model.embed_tokens, |e| {
-        for (p, &(r, i)) in owner.iter().enumerate() {
-            let t = tokens[r][i] as usize;
-            b.x[p * h..(p + 1) * h].copy_from_slice(&e[t * h..(t + 1) * h]);
+    match &model.embed_tokens {
+        Weight::Dense(e) => with_f32(e, |e| {
+            for (p, &(r, i)) in owner.iter().enumerate() {
+                let t = tokens[r][i] as usize;
+                b.x[p * h..(p + 1) * h].copy_from_slice(&e[t * h..(t + 1) * h]);
+            }
+        })?,
+        Weight::Quant(q) => {
+            let ids: Vec<u32> = owner.iter().map(|&(r, i)| tokens[r][i]).collect();
+            q.gather_rows(&ids, &mut b.x[..n * h]);
         }
-    })?;
+    }
     // Rotary tables per token: angle = position * inv_freq in f32, as the tensor path.
     let inv = crate::config::inv_freq(&c.rope, hd);
     let half = hd / 2;
@@ -443,14 +460,18 @@ fn run(
     })?;
     let vocab = c.vocab_size;
     let mut logits = vec![0f32; m * vocab];
-    let head = model.lm_head_weight();
-    if let Some(q) = model.head_quant.as_ref().filter(|q| q.mirrors(head)) {
-        q.matmul_wt(&normed, m, &mut logits);
-        return Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect());
+    let head = match model.lm_head_weight() {
+        Weight::Quant(q) => Some(q.as_ref()),
+        Weight::Dense(w) => model.head_quant.as_deref().filter(|q| q.mirrors(w)),
+    };
+    match (head, model.lm_head_weight()) {
+        // One row per sequence: the streaming kernels, whatever the batch.
+        (Some(q), _) => q.matmul_wt(&normed, m, &mut logits),
+        (None, w) => {
+            let w = w.dense().expect("a head without blocks is dense");
+            with_f32(w, |w| matmul_wt(&normed, m, h, w, vocab, None, &mut logits))?
+        }
     }
-    with_f32(head, |w| {
-        matmul_wt(&normed, m, h, w, vocab, None, &mut logits)
-    })?;
     Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
 }
 

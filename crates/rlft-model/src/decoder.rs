@@ -13,6 +13,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::ops::{self, Linear};
+use crate::weight::Weight;
 use rlft_kernels::quant::QuantWeight;
 
 /// One attention block.
@@ -62,13 +63,13 @@ pub struct CausalLm {
     /// Shape and family.
     pub config: ModelConfig,
     /// `model.embed_tokens.weight [vocab, hidden]`.
-    pub embed_tokens: Tensor,
+    pub embed_tokens: Weight,
     /// `model.layers.*`.
     pub layers: Vec<Layer>,
     /// `model.norm.weight`.
     pub norm: Tensor,
     /// `lm_head.weight [vocab, hidden]`; `None` when tied to the embeddings.
-    pub lm_head: Option<Tensor>,
+    pub lm_head: Option<Weight>,
     /// The GGUF blocks of the LM head matrix ([`Self::lm_head_weight`]), for decoding.
     pub head_quant: Option<Arc<QuantWeight>>,
     inv_freq: Tensor,
@@ -134,14 +135,30 @@ fn take(w: &mut HashMap<String, Tensor>, name: &str, shape: &[usize]) -> Result<
     Ok(t)
 }
 
-fn linear(
-    w: &mut HashMap<String, Tensor>,
-    prefix: &str,
-    out: usize,
-    inp: usize,
-    bias: bool,
-) -> Result<Linear> {
-    let weight = take(w, &format!("{prefix}.weight"), &[out, inp])?;
+/// The weights a model is built from: tensors, and matrices kept in GGUF blocks.
+struct Parts {
+    dense: HashMap<String, Tensor>,
+    blocks: HashMap<String, QuantWeight>,
+}
+
+impl Parts {
+    /// Matrix `name` of `shape`: its blocks when kept, else its tensor.
+    fn matrix(&mut self, name: &str, shape: [usize; 2]) -> Result<Weight> {
+        match self.blocks.remove(name) {
+            Some(q) if q.dims() == (shape[0], shape[1]) => Ok(Weight::Quant(Arc::new(q))),
+            Some(q) => Err(ModelError::ShapeMismatch {
+                name: name.to_string(),
+                got: vec![q.dims().0, q.dims().1],
+                expected: shape.to_vec(),
+            }),
+            None => Ok(Weight::Dense(take(&mut self.dense, name, &shape)?)),
+        }
+    }
+}
+
+fn linear(w: &mut Parts, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+    let weight = w.matrix(&format!("{prefix}.weight"), [out, inp])?;
+    let w = &mut w.dense;
     let bias = if bias {
         Some(take(w, &format!("{prefix}.bias"), &[out])?)
     } else {
@@ -154,7 +171,17 @@ impl CausalLm {
     /// Assembles a model from HF-named tensors (already in the target dtype and device).
     /// Unused tensors are an error: they mean the config does not describe the checkpoint.
     pub fn from_weights(config: ModelConfig, w: HashMap<String, Tensor>) -> Result<Self> {
-        Self::build(config, w, true)
+        Self::build(config, w, HashMap::new(), true)
+    }
+
+    /// [`Self::from_weights`] with some matrices (linear layers, embedding, LM head; HF names)
+    /// kept in GGUF blocks instead of tensors: a frozen base for LoRA ([`Weight::Quant`]).
+    pub fn from_weights_and_blocks(
+        config: ModelConfig,
+        w: HashMap<String, Tensor>,
+        blocks: HashMap<String, QuantWeight>,
+    ) -> Result<Self> {
+        Self::build(config, w, blocks, true)
     }
 
     /// [`Self::from_weights`] for a decoder whose checkpoint may lack `lm_head.weight` although
@@ -162,61 +189,77 @@ impl CausalLm {
     /// model (which has a `score` head instead, [`crate::score`]). Such a model computes hidden
     /// states but no logits ([`Self::has_lm_head`]).
     pub fn from_backbone_weights(config: ModelConfig, w: HashMap<String, Tensor>) -> Result<Self> {
-        Self::build(config, w, false)
+        Self::build(config, w, HashMap::new(), false)
     }
 
-    fn build(config: ModelConfig, mut w: HashMap<String, Tensor>, need_head: bool) -> Result<Self> {
+    fn build(
+        config: ModelConfig,
+        dense: HashMap<String, Tensor>,
+        blocks: HashMap<String, QuantWeight>,
+        need_head: bool,
+    ) -> Result<Self> {
         config.validate()?;
         let c = &config;
         let (h, hd) = (c.hidden_size, c.head_dim);
         let (q, kv) = (c.num_attention_heads * hd, c.num_key_value_heads * hd);
-        let embed_tokens = take(&mut w, "model.embed_tokens.weight", &[c.vocab_size, h])?;
-        let device = embed_tokens.device().clone();
+        let mut parts = Parts { dense, blocks };
+        let embed_tokens = parts.matrix("model.embed_tokens.weight", [c.vocab_size, h])?;
+        let w = &mut parts;
         let qkv_bias = c.attention_bias;
         let o_bias = c.attention_bias && c.family != crate::config::Family::Qwen2;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for i in 0..c.num_hidden_layers {
             let p = format!("model.layers.{i}");
-            let norm = |w: &mut HashMap<String, Tensor>, n: &str| {
+            let norm = |w: &mut Parts, n: &str| {
                 if c.family.has_qk_norm() {
-                    take(w, &format!("{p}.self_attn.{n}.weight"), &[hd]).map(Some)
+                    take(&mut w.dense, &format!("{p}.self_attn.{n}.weight"), &[hd]).map(Some)
                 } else {
                     Ok(None)
                 }
             };
             let self_attn = Attention {
-                q_proj: linear(&mut w, &format!("{p}.self_attn.q_proj"), q, h, qkv_bias)?,
-                k_proj: linear(&mut w, &format!("{p}.self_attn.k_proj"), kv, h, qkv_bias)?,
-                v_proj: linear(&mut w, &format!("{p}.self_attn.v_proj"), kv, h, qkv_bias)?,
-                o_proj: linear(&mut w, &format!("{p}.self_attn.o_proj"), h, q, o_bias)?,
-                q_norm: norm(&mut w, "q_norm")?,
-                k_norm: norm(&mut w, "k_norm")?,
+                q_proj: linear(w, &format!("{p}.self_attn.q_proj"), q, h, qkv_bias)?,
+                k_proj: linear(w, &format!("{p}.self_attn.k_proj"), kv, h, qkv_bias)?,
+                v_proj: linear(w, &format!("{p}.self_attn.v_proj"), kv, h, qkv_bias)?,
+                o_proj: linear(w, &format!("{p}.self_attn.o_proj"), h, q, o_bias)?,
+                q_norm: norm(w, "q_norm")?,
+                k_norm: norm(w, "k_norm")?,
             };
             let i_sz = c.intermediate_size;
             let mlp = Mlp {
-                gate_proj: linear(&mut w, &format!("{p}.mlp.gate_proj"), i_sz, h, c.mlp_bias)?,
-                up_proj: linear(&mut w, &format!("{p}.mlp.up_proj"), i_sz, h, c.mlp_bias)?,
-                down_proj: linear(&mut w, &format!("{p}.mlp.down_proj"), h, i_sz, c.mlp_bias)?,
+                gate_proj: linear(w, &format!("{p}.mlp.gate_proj"), i_sz, h, c.mlp_bias)?,
+                up_proj: linear(w, &format!("{p}.mlp.up_proj"), i_sz, h, c.mlp_bias)?,
+                down_proj: linear(w, &format!("{p}.mlp.down_proj"), h, i_sz, c.mlp_bias)?,
             };
             layers.push(Layer {
-                input_layernorm: take(&mut w, &format!("{p}.input_layernorm.weight"), &[h])?,
+                input_layernorm: take(&mut w.dense, &format!("{p}.input_layernorm.weight"), &[h])?,
                 self_attn,
                 post_attention_layernorm: take(
-                    &mut w,
+                    &mut w.dense,
                     &format!("{p}.post_attention_layernorm.weight"),
                     &[h],
                 )?,
                 mlp,
             });
         }
-        let norm = take(&mut w, "model.norm.weight", &[h])?;
-        let headless = !c.tie_word_embeddings && !need_head && !w.contains_key("lm_head.weight");
+        let norm = take(&mut w.dense, "model.norm.weight", &[h])?;
+        let device = norm.device().clone();
+        let has_head =
+            w.dense.contains_key("lm_head.weight") || w.blocks.contains_key("lm_head.weight");
+        let headless = !c.tie_word_embeddings && !need_head && !has_head;
         let lm_head = if c.tie_word_embeddings || headless {
-            w.remove("lm_head.weight");
+            w.dense.remove("lm_head.weight");
+            w.blocks.remove("lm_head.weight");
             None
         } else {
-            Some(take(&mut w, "lm_head.weight", &[c.vocab_size, h])?)
+            Some(w.matrix("lm_head.weight", [c.vocab_size, h])?)
         };
+        if let Some(extra) = w.blocks.keys().min() {
+            return Err(ModelError::config(format!(
+                "GGUF blocks for `{extra}`, which is not a matrix of this model"
+            )));
+        }
+        let w = &mut w.dense;
         // Rotary buffers some exporters keep are derived data, not weights.
         w.retain(|k, _| !k.ends_with("rotary_emb.inv_freq"));
         if let Some(extra) = w.keys().min() {
@@ -270,31 +313,38 @@ impl CausalLm {
 
     /// Device of the weights.
     pub fn device(&self) -> &Device {
-        self.embed_tokens.device()
+        self.norm.device()
     }
 
     /// Dtype of the weights.
     pub fn dtype(&self) -> DType {
-        self.embed_tokens.dtype()
+        self.norm.dtype()
     }
 
     /// The LM head matrix `[vocab, hidden]` (the embedding when tied; also the embedding for a
     /// model without LM head, which [`Self::logits`] and generation refuse).
-    pub fn lm_head_weight(&self) -> &Tensor {
+    pub fn lm_head_weight(&self) -> &Weight {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
 
-    /// All weights with their HF names (tied `lm_head` omitted), in a stable order.
+    /// All weights with their HF names (tied `lm_head` omitted), in a stable order. Weights
+    /// kept in GGUF blocks are dequantised ([`Weight::to_tensor`]: f32, a new tensor each call).
     pub fn named_weights(&self) -> Vec<(String, Tensor)> {
+        self.try_named_weights()
+            .expect("dequantising GGUF blocks of checked sizes cannot fail")
+    }
+
+    fn try_named_weights(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = vec![(
             "model.embed_tokens.weight".to_string(),
-            self.embed_tokens.clone(),
+            self.embed_tokens.to_tensor()?,
         )];
-        let lin = |out: &mut Vec<(String, Tensor)>, n: String, l: &Linear| {
-            out.push((format!("{n}.weight"), l.weight.clone()));
+        let lin = |out: &mut Vec<(String, Tensor)>, n: String, l: &Linear| -> Result<()> {
+            out.push((format!("{n}.weight"), l.weight.to_tensor()?));
             if let Some(b) = &l.bias {
                 out.push((format!("{n}.bias"), b.clone()));
             }
+            Ok(())
         };
         for (i, l) in self.layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
@@ -303,10 +353,10 @@ impl CausalLm {
                 l.input_layernorm.clone(),
             ));
             let a = &l.self_attn;
-            lin(&mut out, format!("{p}.self_attn.q_proj"), &a.q_proj);
-            lin(&mut out, format!("{p}.self_attn.k_proj"), &a.k_proj);
-            lin(&mut out, format!("{p}.self_attn.v_proj"), &a.v_proj);
-            lin(&mut out, format!("{p}.self_attn.o_proj"), &a.o_proj);
+            lin(&mut out, format!("{p}.self_attn.q_proj"), &a.q_proj)?;
+            lin(&mut out, format!("{p}.self_attn.k_proj"), &a.k_proj)?;
+            lin(&mut out, format!("{p}.self_attn.v_proj"), &a.v_proj)?;
+            lin(&mut out, format!("{p}.self_attn.o_proj"), &a.o_proj)?;
             if let Some(n) = &a.q_norm {
                 out.push((format!("{p}.self_attn.q_norm.weight"), n.clone()));
             }
@@ -317,31 +367,34 @@ impl CausalLm {
                 format!("{p}.post_attention_layernorm.weight"),
                 l.post_attention_layernorm.clone(),
             ));
-            lin(&mut out, format!("{p}.mlp.gate_proj"), &l.mlp.gate_proj);
-            lin(&mut out, format!("{p}.mlp.up_proj"), &l.mlp.up_proj);
-            lin(&mut out, format!("{p}.mlp.down_proj"), &l.mlp.down_proj);
+            lin(&mut out, format!("{p}.mlp.gate_proj"), &l.mlp.gate_proj)?;
+            lin(&mut out, format!("{p}.mlp.up_proj"), &l.mlp.up_proj)?;
+            lin(&mut out, format!("{p}.mlp.down_proj"), &l.mlp.down_proj)?;
         }
         out.push(("model.norm.weight".to_string(), self.norm.clone()));
         if let Some(h) = &self.lm_head {
-            out.push(("lm_head.weight".to_string(), h.clone()));
+            out.push(("lm_head.weight".to_string(), h.to_tensor()?));
         }
-        out
+        Ok(out)
     }
 
-    /// Mutable access to every weight by HF name, in the order of [`Self::named_weights`]
-    /// (tied `lm_head` omitted). Used to swap weights for trainable `Var`s
-    /// ([`crate::trainable::make_trainable`]) or updated values.
+    /// Mutable access to every dense weight by HF name, in the order of
+    /// [`Self::named_weights`] (tied `lm_head` omitted; weights kept in GGUF blocks are not
+    /// tensors: [`Self::dequantize_weight`] makes one so first). Used to swap weights for
+    /// trainable `Var`s ([`crate::trainable::make_trainable`]) or updated values.
     pub fn weights_mut(&mut self) -> Vec<(String, &mut Tensor)> {
         fn lin<'a>(out: &mut Vec<(String, &'a mut Tensor)>, n: String, l: &'a mut Linear) {
-            out.push((format!("{n}.weight"), &mut l.weight));
+            if let Weight::Dense(w) = &mut l.weight {
+                out.push((format!("{n}.weight"), w));
+            }
             if let Some(b) = &mut l.bias {
                 out.push((format!("{n}.bias"), b));
             }
         }
-        let mut out = vec![(
-            "model.embed_tokens.weight".to_string(),
-            &mut self.embed_tokens,
-        )];
+        let mut out = Vec::new();
+        if let Weight::Dense(e) = &mut self.embed_tokens {
+            out.push(("model.embed_tokens.weight".to_string(), e));
+        }
         for (i, l) in self.layers.iter_mut().enumerate() {
             let p = format!("model.layers.{i}");
             out.push((
@@ -368,10 +421,42 @@ impl CausalLm {
             lin(&mut out, format!("{p}.mlp.down_proj"), &mut l.mlp.down_proj);
         }
         out.push(("model.norm.weight".to_string(), &mut self.norm));
-        if let Some(h) = &mut self.lm_head {
+        if let Some(Weight::Dense(h)) = &mut self.lm_head {
             out.push(("lm_head.weight".to_string(), h));
         }
         out
+    }
+
+    /// Whether any weight is kept in GGUF blocks ([`Weight::Quant`]).
+    pub fn has_quantized_base(&self) -> bool {
+        matches!(self.embed_tokens, Weight::Quant(_))
+            || matches!(self.lm_head, Some(Weight::Quant(_)))
+            || self
+                .linears()
+                .iter()
+                .any(|(_, l)| l.weight.quant().is_some())
+    }
+
+    /// Replaces every weight kept in GGUF blocks whose HF name `pick` selects by its
+    /// dequantised f32 tensor (before making it trainable, merging into it, or converting).
+    /// Returns how many were replaced.
+    pub fn dequantize_weights(&mut self, pick: impl Fn(&str) -> bool) -> Result<usize> {
+        let mut n = 0;
+        let mut fix = |name: &str, w: &mut Weight| -> Result<()> {
+            if w.quant().is_some() && pick(name) {
+                *w = Weight::Dense(w.to_tensor()?);
+                n += 1;
+            }
+            Ok(())
+        };
+        fix("model.embed_tokens.weight", &mut self.embed_tokens)?;
+        if let Some(h) = &mut self.lm_head {
+            fix("lm_head.weight", h)?;
+        }
+        for (name, l) in self.linears_mut() {
+            fix(&format!("{name}.weight"), &mut l.weight)?;
+        }
+        Ok(n)
     }
 
     /// Every linear layer of the decoder layers with its module path
@@ -562,7 +647,7 @@ impl CausalLm {
 
     /// Token embeddings of flat ids `[n]` (u32) -> `[n, hidden]`.
     pub(crate) fn embed_ids(&self, ids: &Tensor) -> Result<Tensor> {
-        Ok(self.embed_tokens.index_select(ids, 0)?)
+        self.embed_tokens.rows(ids)
     }
 
     /// Rotary tables `cos, sin [b, t, d / 2]` at a batch's positions.
@@ -579,7 +664,10 @@ impl CausalLm {
     /// models, see [`ops::compute_dtype`]).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
         self.require_lm_head()?;
-        let w = self.lm_head_weight();
+        let w = match self.lm_head_weight() {
+            Weight::Dense(w) => w,
+            Weight::Quant(q) => return Self::quant_logits(hidden, q),
+        };
         if let Some(y) = ops::inference_small_matmul(hidden, w, None)? {
             return Ok(y);
         }
@@ -591,6 +679,23 @@ impl CausalLm {
             hidden.matmul(&w.t()?)?
         };
         Ok(y.to_dtype(ops::compute_dtype(y.dtype()))?)
+    }
+
+    /// [`Self::logits`] from a head kept in GGUF blocks: the decode kernel for a few rows
+    /// without a graph, else the chunked product (gradient to `hidden`).
+    fn quant_logits(hidden: &Tensor, q: &Arc<QuantWeight>) -> Result<Tensor> {
+        let (m, _) = hidden.dims2()?;
+        if !hidden.track_op() && m <= rlft_kernels::stream::SMALL_M {
+            let x: Vec<f32> = hidden.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?;
+            let mut y = vec![0f32; m * q.dims().0];
+            q.matmul_wt(&x, m, &mut y);
+            return Ok(Tensor::from_vec(y, (m, q.dims().0), hidden.device())?);
+        }
+        Ok(rlft_kernels::fused::quant_linear::quant_linear(
+            &hidden.to_dtype(DType::F32)?,
+            q,
+            None,
+        )?)
     }
 
     /// Logits at one position per row: `hidden [b, t, h]`, `pos[r]` -> `[b, vocab]` f32.
@@ -634,10 +739,18 @@ impl CausalLm {
         entropy: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
         self.require_lm_head()?;
-        let w = self.lm_head_weight();
-        if rlft_kernels::fused::enabled_for(hidden)
-            && w.dtype() == hidden.dtype()
-            && matches!(w.device(), Device::Cpu)
+        let fused = rlft_kernels::fused::enabled_for(hidden);
+        let w = match self.lm_head_weight() {
+            Weight::Quant(q) if fused && hidden.dtype() == DType::F32 => {
+                return Ok(rlft_kernels::fused::quant_head::quant_lm_head_logprobs(
+                    hidden, q, targets, entropy,
+                )?);
+            }
+            Weight::Quant(_) => None,
+            Weight::Dense(w) => Some(w),
+        };
+        if let Some(w) =
+            w.filter(|w| fused && w.dtype() == hidden.dtype() && matches!(w.device(), Device::Cpu))
         {
             return Ok(rlft_kernels::fused::head::lm_head_logprobs(
                 hidden, w, targets, entropy,

@@ -182,11 +182,26 @@ pub fn load_gguf_weights(
     dtype: DType,
     device: &Device,
 ) -> Result<HashMap<String, Tensor>> {
+    load_gguf_weights_except(g, cfg, dtype, device, &HashMap::new())
+}
+
+/// [`load_gguf_weights`] for the weights not in `kept` (HF names of matrices kept in GGUF
+/// blocks, [`load_gguf_blocks`]): those are never dequantised.
+pub fn load_gguf_weights_except(
+    g: &GgufFile,
+    cfg: &ModelConfig,
+    dtype: DType,
+    device: &Device,
+    kept: &HashMap<String, QuantWeight>,
+) -> Result<HashMap<String, Tensor>> {
     let mut out = HashMap::new();
     for info in g.tensors() {
         let Some(name) = hf_name(&info.name) else {
             continue;
         };
+        if kept.contains_key(&name) {
+            continue;
+        }
         let (shape, data) = g.read_f32(&info.name)?;
         let mut t = Tensor::from_vec(data, shape.as_slice(), &Device::Cpu)?;
         if cfg.family == Family::Llama {
@@ -232,17 +247,68 @@ pub fn load_gguf_quantized(
     g: &GgufFile,
     cfg: &ModelConfig,
 ) -> Result<HashMap<String, QuantWeight>> {
+    read_blocks(g, cfg, false)
+}
+
+/// The blocks of every matrix a frozen base keeps in its GGUF format (linear layers,
+/// embedding, LM head; every quantised or 16-bit type, [`QuantWeight::from_gguf_any`]), by HF
+/// name and in HF row order, for
+/// [`CausalLm::from_weights_and_blocks`](crate::decoder::CausalLm::from_weights_and_blocks).
+/// Matrices stored as f32 are not kept (no smaller than their tensor).
+pub fn load_gguf_blocks(g: &GgufFile, cfg: &ModelConfig) -> Result<HashMap<String, QuantWeight>> {
+    read_blocks(g, cfg, true)
+}
+
+/// Bytes [`load_gguf_blocks`] keeps (from the header alone).
+pub fn frozen_block_bytes(g: &GgufFile) -> u64 {
+    g.tensors()
+        .iter()
+        .filter_map(|info| {
+            let name = hf_name(&info.name)?;
+            let shape = info.shape();
+            if !is_matrix(&name, &shape) {
+                return None;
+            }
+            QuantWeight::bytes_for_any(info.ggml_type, shape[0], shape[1]).map(|b| b as u64)
+        })
+        .sum()
+}
+
+/// Linear layers, the embedding and the LM head.
+fn is_matrix(name: &str, shape: &[usize]) -> bool {
+    let used = name.ends_with("_proj.weight")
+        || name == "lm_head.weight"
+        || name == "model.embed_tokens.weight";
+    used && shape.len() == 2
+}
+
+fn read_blocks(
+    g: &GgufFile,
+    cfg: &ModelConfig,
+    every_matrix: bool,
+) -> Result<HashMap<String, QuantWeight>> {
     let mut out = HashMap::new();
     for info in g.tensors() {
         let Some(name) = hf_name(&info.name) else {
             continue;
         };
         let shape = info.shape();
-        if !decodes_from_blocks(g, &name, &shape) {
+        let wanted = if every_matrix {
+            is_matrix(&name, &shape)
+        } else {
+            decodes_from_blocks(g, &name, &shape)
+        };
+        if !wanted {
             continue;
         }
         let data = g.tensor_data(&info.name)?;
-        let Some(mut q) = QuantWeight::from_gguf(info.ggml_type, shape[0], shape[1], data) else {
+        let (ty, rows, cols) = (info.ggml_type, shape[0], shape[1]);
+        let q = if every_matrix {
+            QuantWeight::from_gguf_any(ty, rows, cols, data)
+        } else {
+            QuantWeight::from_gguf(ty, rows, cols, data)
+        };
+        let Some(mut q) = q else {
             continue;
         };
         if cfg.family == Family::Llama {

@@ -51,6 +51,7 @@ pub mod testing;
 pub mod tiny;
 pub mod trainable;
 pub mod util;
+pub mod weight;
 
 pub use config::{Family, ModelConfig};
 pub use decoder::{Batch, CausalLm};

@@ -298,8 +298,8 @@ pub fn merge_lora(model: &mut CausalLm) -> Result<usize> {
     for (_, lin) in model.linears_mut() {
         let Some(l) = lin.lora.take() else { continue };
         let d = l.delta_weight()?;
-        let w = lin.weight.detach();
-        lin.weight = (w.to_dtype(d.dtype())? + d)?.to_dtype(w.dtype())?;
+        let w = lin.weight.to_tensor()?.detach();
+        lin.weight = (w.to_dtype(d.dtype())? + d)?.to_dtype(w.dtype())?.into();
         n += 1;
     }
     Ok(n)

@@ -12,20 +12,25 @@
 //! frozen weight is a full `[out, in]` gemm per call.
 
 pub use crate::config::inv_freq;
+use std::sync::Arc;
+
 use candle_core::{DType, Tensor, D};
 pub use rlft_kernels::fused::attention::causal_bias;
 pub use rlft_kernels::fused::constant::{
     add_const, frozen_linear, frozen_ops_enabled, mul_const, set_frozen_ops,
 };
+use rlft_kernels::fused::quant_linear::FrozenBase;
+use rlft_kernels::quant::QuantWeight;
 
 use crate::adapter::LoraAdapter;
 use crate::error::Result;
+use crate::weight::Weight;
 
 /// A dense layer in HF layout: `weight [out, in]`, optional `bias [out]`, optional LoRA adapter.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    /// `[out, in]`.
-    pub weight: Tensor,
+    /// `[out, in]`: a tensor, or a frozen base in GGUF blocks ([`Weight`]).
+    pub weight: Weight,
     /// `[out]`.
     pub bias: Option<Tensor>,
     /// A LoRA adapter added to the output when enabled (see [`crate::lora`]).
@@ -37,9 +42,9 @@ pub struct Linear {
 
 impl Linear {
     /// A layer without adapter.
-    pub fn new(weight: Tensor, bias: Option<Tensor>) -> Self {
+    pub fn new(weight: impl Into<Weight>, bias: Option<Tensor>) -> Self {
         Linear {
-            weight,
+            weight: weight.into(),
             bias,
             lora: None,
             quant: None,
@@ -79,7 +84,7 @@ impl Linear {
             y = lora.add_delta(&y, &x2, grad)?;
         }
         let mut out_dims = dims;
-        *out_dims.last_mut().expect("rank >= 1") = self.weight.dim(0)?;
+        *out_dims.last_mut().expect("rank >= 1") = self.weight.dims2()?.0;
         Ok(y.reshape(out_dims)?)
     }
 
@@ -88,14 +93,18 @@ impl Linear {
     /// candle's ops (other devices and dtypes, a trainable bias on a frozen weight, adapters
     /// in another dtype, or a trainable base weight under an adapter).
     fn fused_forward(&self, x2: &Tensor, grad: bool) -> Result<Option<Tensor>> {
+        let w = match &self.weight {
+            Weight::Dense(w) => w,
+            Weight::Quant(q) => return self.quant_forward(x2, q, grad).map(Some),
+        };
         // Decoding steps (few rows, no grad) keep the streaming kernel, which reads the weight
         // once for all rows.
-        if !use_fused(x2, grad) || self.weight.dtype() != x2.dtype() {
+        if !use_fused(x2, grad) || w.dtype() != x2.dtype() {
             return Ok(None);
         }
         if !grad {
             // Inference records no graph: every operand detached, as constants.
-            let w = self.weight.detach();
+            let w = w.detach();
             let bias = self.bias.as_ref().map(Tensor::detach);
             return Ok(Some(match self.active_lora() {
                 None => rlft_kernels::fused::linear::linear(x2, &w, bias.as_ref())?,
@@ -111,7 +120,6 @@ impl Linear {
                 Some(_) => return Ok(None),
             }));
         }
-        let w = &self.weight;
         let trainable_bias = self.bias.as_ref().is_some_and(Tensor::track_op);
         match self.active_lora() {
             None => {
@@ -139,20 +147,60 @@ impl Linear {
         }
     }
 
+    /// The product over a base kept in GGUF blocks (any number of rows; f32 CPU
+    /// activations): the layer plus its enabled adapter, gradients to `x` and the adapter.
+    fn quant_forward(&self, x2: &Tensor, q: &Arc<QuantWeight>, grad: bool) -> Result<Tensor> {
+        let x2 = if grad { x2.clone() } else { x2.detach() };
+        let trainable_bias = self.bias.as_ref().is_some_and(Tensor::track_op);
+        let frozen_bias = self.bias.as_ref().filter(|b| !b.track_op());
+        let y = match self.active_lora() {
+            Some(l) if l.a.dtype() == x2.dtype() => {
+                let (a, b) = if grad {
+                    (l.a.clone(), l.b.clone())
+                } else {
+                    (l.a.detach(), l.b.detach())
+                };
+                let mask = l.dropout_mask(x2.dims(), grad, x2.device())?;
+                rlft_kernels::fused::linear::lora_linear_over(
+                    &x2,
+                    FrozenBase::Quant(q.clone()),
+                    frozen_bias,
+                    &a,
+                    &b,
+                    l.scaling,
+                    mask.as_ref(),
+                )?
+            }
+            Some(_) => {
+                return Err(crate::error::ModelError::Invalid(
+                    "a LoRA adapter over a quantised base must be f32".into(),
+                ))
+            }
+            None => rlft_kernels::fused::quant_linear::quant_linear(&x2, q, frozen_bias)?,
+        };
+        Ok(match &self.bias {
+            Some(b) if trainable_bias => y.broadcast_add(b)?,
+            _ => y,
+        })
+    }
+
     /// `x [rows, in] @ W^T (+ b)` without the adapter.
     fn base_forward(&self, x2: &Tensor) -> Result<Tensor> {
-        if x2.track_op() && !self.weight.track_op() && frozen_ops_enabled() {
+        let Weight::Dense(weight) = &self.weight else {
+            unreachable!("fused_forward takes every quantised base")
+        };
+        if x2.track_op() && !weight.track_op() && frozen_ops_enabled() {
             let frozen_bias = self.bias.as_ref().filter(|b| !b.track_op());
-            let y = frozen_linear(x2, &self.weight, frozen_bias)?;
+            let y = frozen_linear(x2, weight, frozen_bias)?;
             return match &self.bias {
                 Some(b) if b.track_op() => Ok(y.broadcast_add(b)?),
                 _ => Ok(y),
             };
         }
-        if let Some(y) = inference_small_matmul(x2, &self.weight, self.bias.as_ref())? {
+        if let Some(y) = inference_small_matmul(x2, weight, self.bias.as_ref())? {
             return Ok(y);
         }
-        let mut y = x2.matmul(&self.weight.t()?)?;
+        let mut y = x2.matmul(&weight.t()?)?;
         if let Some(b) = &self.bias {
             y = y.broadcast_add(b)?;
         }

@@ -321,7 +321,10 @@ pub(crate) fn load_adapter_saving(
     let shapes: HashMap<String, (Vec<usize>, bool)> = model
         .linears()
         .into_iter()
-        .map(|(n, l)| (n, (l.weight.dims().to_vec(), l.lora.is_some())))
+        .map(|(n, l)| {
+            let (o, i) = l.weight.dims2().unwrap_or((0, 0));
+            (n, (vec![o, i], l.lora.is_some()))
+        })
         .collect();
     let mut ready = Vec::with_capacity(pairs.len());
     for (module, (a, b)) in pairs {

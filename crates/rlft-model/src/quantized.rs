@@ -10,6 +10,7 @@ use candle_core::Tensor;
 use rlft_kernels::quant::QuantWeight;
 
 use crate::decoder::CausalLm;
+use crate::weight::Weight;
 
 impl CausalLm {
     /// Keeps the GGUF blocks of weights (HF names, `<module>.weight`) beside their f32 tensors
@@ -29,13 +30,15 @@ impl CausalLm {
         } else {
             "model.embed_tokens.weight"
         };
-        if let Some(q) = blocks.remove(head) {
-            let w = self.lm_head_weight().clone();
+        if let (Some(q), Some(w)) = (blocks.remove(head), self.lm_head_weight().dense()) {
+            let w = w.clone();
             self.head_quant = fits(q, &w);
         }
         for (name, lin) in self.linears_mut() {
-            if let Some(q) = blocks.remove(&format!("{name}.weight")) {
-                lin.quant = fits(q, &lin.weight);
+            if let (Some(q), Weight::Dense(w)) =
+                (blocks.remove(&format!("{name}.weight")), &lin.weight)
+            {
+                lin.quant = fits(q, w);
             }
         }
         n
@@ -44,12 +47,15 @@ impl CausalLm {
     /// Drops the GGUF blocks that no longer mirror their weight (made trainable, merged,
     /// replaced), freeing their memory.
     pub fn drop_stale_quantized(&mut self) {
-        let head = self.lm_head_weight().clone();
-        if self.head_quant.as_ref().is_some_and(|q| !q.mirrors(&head)) {
+        let stale = |q: &Option<Arc<QuantWeight>>, w: &Weight| {
+            q.as_ref()
+                .is_some_and(|q| w.dense().is_none_or(|w| !q.mirrors(w)))
+        };
+        if stale(&self.head_quant, self.lm_head_weight()) {
             self.head_quant = None;
         }
         for (_, lin) in self.linears_mut() {
-            if lin.quant.as_ref().is_some_and(|q| !q.mirrors(&lin.weight)) {
+            if stale(&lin.quant, &lin.weight) {
                 lin.quant = None;
             }
         }

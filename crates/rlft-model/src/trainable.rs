@@ -40,6 +40,8 @@ pub fn make_trainable(
     model: &mut CausalLm,
     filter: impl Fn(&str) -> bool,
 ) -> Result<Vec<(String, Var)>> {
+    // Weights kept in GGUF blocks become tensors before they can train.
+    model.dequantize_weights(&filter)?;
     let mut out = Vec::new();
     for (name, w) in model.weights_mut() {
         if !filter(&name) {

@@ -113,6 +113,25 @@ fn llama_cpp_rope_freqs(cfg: &ModelConfig) -> Vec<f32> {
 enum Quant {
     F32,
     Q8_0,
+    /// A Q4_K_M-like mix: Q4_K for most matrices with 256-wide rows, Q6_K for `down_proj` and
+    /// the LM head, Q5_0 for rows of 32-blocks, Q8_0 for the embedding.
+    Mixed,
+}
+
+/// The type [`Quant::Mixed`] writes HF weight `hf` of shape `w` in.
+fn mixed_type(hf: &str, w: &Tensor) -> GgmlDType {
+    let cols = if w.rank() == 2 { w.dim(1).unwrap() } else { 0 };
+    if w.rank() != 2 || !cols.is_multiple_of(32) {
+        GgmlDType::F32
+    } else if hf.contains("embed_tokens") {
+        GgmlDType::Q8_0
+    } else if !cols.is_multiple_of(256) {
+        GgmlDType::Q5_0
+    } else if hf.contains("down_proj") || hf.contains("lm_head") {
+        GgmlDType::Q6K
+    } else {
+        GgmlDType::Q4K
+    }
 }
 
 /// What to break in the written metadata.
@@ -139,7 +158,11 @@ fn write_gguf(
         ("general.name".into(), GValue::String("Tiny".into())),
         (
             "general.file_type".into(),
-            GValue::U32(if quant == Quant::Q8_0 { 7 } else { 0 }),
+            GValue::U32(match quant {
+                Quant::F32 => 0,
+                Quant::Q8_0 => 7,
+                Quant::Mixed => 15,
+            }),
         ),
         ("general.quantization_version".into(), GValue::U32(2)),
         (
@@ -258,10 +281,10 @@ fn write_gguf(
         }
         let name = gguf_name(hf);
         assert_eq!(hf_name(&name).as_deref(), Some(hf.as_str()), "{name}");
-        let dtype = if quant == Quant::Q8_0 && quantised(&w) {
-            GgmlDType::Q8_0
-        } else {
-            GgmlDType::F32
+        let dtype = match quant {
+            Quant::Q8_0 if quantised(&w) => GgmlDType::Q8_0,
+            Quant::Mixed => mixed_type(hf, &w),
+            _ => GgmlDType::F32,
         };
         shapes.push((name.clone(), w.dims().to_vec()));
         tensors.push((name, QTensor::quantize(&w, dtype).unwrap()));
@@ -619,4 +642,99 @@ fn gguf_metadata_errors_name_the_problem() {
         e.contains("rope_freqs.weight has 7 values; head_dim 16 needs 8"),
         "{e}"
     );
+}
+
+/// Under LoRA a GGUF base can stay in its blocks (`LoadOptions::keep_quantized`): the linear
+/// layers, embedding and LM head of a Q4_K/Q6_K/Q5_0/Q8_0 file serve the forward pass, the
+/// backward pass to the adapters and decoding without an f32 copy. Against the same file loaded
+/// dequantised: the same weights bit for bit, log-probs and adapter gradients within 1e-4
+/// (the chunked products sum in another order), and the same greedy tokens.
+#[test]
+fn a_quantised_base_serves_lora_like_its_dequantised_weights() {
+    use rlft_model::lora::{attach_lora, LoraConfig};
+    use rlft_model::weight::Weight;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_config(Family::Qwen2);
+    // Rows of 256 for the k-quants; an untied head so the head has its own blocks.
+    (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim) = (256, 512, 64);
+    cfg.tie_word_embeddings = false;
+    let weights = random_weights(&cfg, SEED, DType::F32, &Device::Cpu).unwrap();
+    let path = dir.path().join("mixed.gguf");
+    write_gguf(&path, &cfg, &weights, Quant::Mixed, Tweak::default());
+    let dense = load_model(&path, &LoadOptions::default()).unwrap().model;
+    let kept_opts = LoadOptions {
+        keep_quantized: true,
+        ..LoadOptions::default()
+    };
+    let kept = load_model(&path, &kept_opts).unwrap().model;
+    // Every matrix stays in blocks: the mix holds all four types.
+    let types = GgufFile::open(&path).unwrap();
+    let mut seen: Vec<GgmlType> = types.tensors().iter().map(|t| t.ggml_type).collect();
+    seen.sort_by_key(|t| t.id());
+    seen.dedup();
+    for t in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::Q8_0] {
+        assert!(seen.contains(&t), "{t:?} missing from {seen:?}");
+    }
+    assert!(matches!(kept.embed_tokens, Weight::Quant(_)));
+    assert!(matches!(kept.lm_head, Some(Weight::Quant(_))));
+    assert!(kept.linears().iter().all(|(_, l)| l.weight.quant().is_some()));
+    let bytes = |m: &CausalLm| -> usize {
+        m.linears().iter().map(|(_, l)| l.weight.size_in_bytes()).sum::<usize>()
+            + m.embed_tokens.size_in_bytes()
+            + m.lm_head.as_ref().map_or(0, Weight::size_in_bytes)
+    };
+    assert!(
+        bytes(&kept) * 3 < bytes(&dense),
+        "blocks {} vs f32 {}",
+        bytes(&kept),
+        bytes(&dense)
+    );
+    // The blocks dequantise to the very tensors the dense load holds.
+    for ((n, a), (_, b)) in dense.named_weights().iter().zip(kept.named_weights()) {
+        let (a, b): (Vec<f32>, Vec<f32>) = (
+            a.flatten_all().unwrap().to_vec1().unwrap(),
+            b.flatten_all().unwrap().to_vec1().unwrap(),
+        );
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{n}");
+    }
+    let seq: Vec<u32> = (0..40u32).map(|i| (i * 37 + 5) % 512).collect();
+    let d = max_diff(&logprobs(&kept, &seq), &logprobs(&dense, &seq));
+    assert!(d < 1e-4, "log-probs differ by {d}");
+    assert_same_decoding(&kept, &dense, "quantised base");
+
+    // LoRA on every linear layer, B made non-zero so every factor gets a gradient.
+    let lora = LoraConfig {
+        target_modules: vec!["all-linear".into()],
+        init_lora_weights: false,
+        ..LoraConfig::default()
+    };
+    let grads = |mut m: CausalLm| -> Vec<(String, Vec<f32>)> {
+        let vars = attach_lora(&mut m, &lora).unwrap();
+        let batch = Batch::left_padded(&[seq.clone()], &[0], 0, 0, &Device::Cpu).unwrap();
+        let hidden = m.forward(&batch, None, true).unwrap();
+        let t = seq.len();
+        let rows = hidden.reshape((t, cfg.hidden_size)).unwrap().narrow(0, 0, t - 1).unwrap();
+        let targets = Tensor::new(&seq[1..], &Device::Cpu).unwrap();
+        let loss = m.target_logprobs(&rows, &targets, 8).unwrap().sum_all().unwrap();
+        let g = loss.backward().unwrap();
+        vars.iter()
+            .map(|(n, v)| {
+                let gv = g.get(v.as_tensor()).expect("every adapter factor has a gradient");
+                (n.clone(), gv.flatten_all().unwrap().to_vec1().unwrap())
+            })
+            .collect()
+    };
+    let (gk, gd) = (grads(kept.clone()), grads(dense.clone()));
+    assert_eq!(gk.len(), 2 * 7 * cfg.num_hidden_layers);
+    for ((n, a), (_, b)) in gk.iter().zip(&gd) {
+        let scale = b.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+        let d = max_diff(a, b) / scale;
+        assert!(d < 1e-4, "{n}: gradients differ by {d} (relative)");
+    }
+    // Full fine-tuning on it dequantises what trains, and only that.
+    let mut full = kept.clone();
+    rlft_model::trainable::make_trainable(&mut full, |n| n.contains("mlp.")).unwrap();
+    for (n, l) in full.linears() {
+        assert_eq!(l.weight.quant().is_none(), n.contains("mlp."), "{n}");
+    }
 }

@@ -19,6 +19,7 @@ fn served(family: Family, dir: &std::path::Path) -> Arc<ServedModel> {
     let opts = LoadOptions {
         device: candle_core::Device::Cpu,
         dtype: candle_core::DType::F32,
+        ..Default::default()
     };
     let reg = Registry::new(load_model(&path, &opts).unwrap(), "tiny").unwrap();
     reg.base().clone()

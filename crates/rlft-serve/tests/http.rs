@@ -24,6 +24,7 @@ fn opts() -> LoadOptions {
         device: candle_core::Device::Cpu,
         dtype: candle_core::DType::F32,
     }
+    ..Default::default()
 }
 
 /// The server's router on a tiny model saved under `dir/model`.

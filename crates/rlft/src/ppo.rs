@@ -50,6 +50,7 @@ pub fn load_critic(args: &TrainingArgs, path: &Path, device: &Device) -> Result<
     let opts = LoadOptions {
         device: device.clone(),
         dtype,
+        ..Default::default()
     };
     let mut model = if sequence_classification_arch(path)?.is_some()
         || path.join(rlft_model::peft::ADAPTER_CONFIG).is_file()

@@ -110,6 +110,7 @@ pub fn reward_set(cfg: &GrpoConfig, model_path: &Path, device: &Device) -> Resul
         } else {
             DType::F32
         },
+        ..Default::default()
     };
     let mut build = |spec: &RewardSpec| -> std::result::Result<Box<dyn Reward>, RewardError> {
         match &spec.kind {

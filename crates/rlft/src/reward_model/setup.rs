@@ -40,6 +40,7 @@ fn load(cfg: &RewardConfig, model_path: &Path, device: &Device) -> Result<ScoreM
     let opts = LoadOptions {
         device: device.clone(),
         dtype: if a.bf16 { DType::BF16 } else { DType::F32 },
+        ..Default::default()
     };
     if model_path.is_dir() && sequence_classification_arch(model_path)?.is_some() {
         eprintln!("continuing the reward model {}", model_path.display());

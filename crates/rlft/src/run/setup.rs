@@ -153,6 +153,8 @@ pub fn load_policy(
         &LoadOptions {
             device: device.clone(),
             dtype,
+            // Under LoRA the base never changes: it stays in the file's blocks.
+            keep_quantized: args.use_peft,
         },
     )?;
     if !decodes {
