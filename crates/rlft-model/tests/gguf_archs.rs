@@ -114,7 +114,7 @@ enum Quant {
     F32,
     Q8_0,
     /// A Q4_K_M-like mix: Q4_K for most matrices with 256-wide rows, Q6_K for `down_proj` and
-    /// the LM head, Q5_0 for rows of 32-blocks, Q8_0 for the embedding.
+    /// the LM head, Q5_0 for `v_proj` and rows of 32-blocks, Q8_0 for the embedding.
     Mixed,
 }
 
@@ -125,7 +125,7 @@ fn mixed_type(hf: &str, w: &Tensor) -> GgmlDType {
         GgmlDType::F32
     } else if hf.contains("embed_tokens") {
         GgmlDType::Q8_0
-    } else if !cols.is_multiple_of(256) {
+    } else if !cols.is_multiple_of(256) || hf.contains("v_proj") {
         GgmlDType::Q5_0
     } else if hf.contains("down_proj") || hf.contains("lm_head") {
         GgmlDType::Q6K
