@@ -257,6 +257,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
         baseline_bytes: own + RUNTIME_BYTES,
         source_file_bytes: meta.largest_file_bytes,
         decode_block_bytes: meta.decode_block_bytes,
+        frozen_blocks: meta.frozen_blocks,
     };
     let plan = estimate(&dims, &run, &env)?;
     let available = match a.available_mib {

@@ -259,8 +259,8 @@ pub fn load_gguf_blocks(g: &GgufFile, cfg: &ModelConfig) -> Result<HashMap<Strin
     read_blocks(g, cfg, true)
 }
 
-/// Bytes [`load_gguf_blocks`] keeps (from the header alone).
-pub fn frozen_block_bytes(g: &GgufFile) -> u64 {
+/// `(parameters, bytes)` of the matrices [`load_gguf_blocks`] keeps (from the header alone).
+pub fn frozen_blocks(g: &GgufFile) -> (u64, u64) {
     g.tensors()
         .iter()
         .filter_map(|info| {
@@ -269,9 +269,10 @@ pub fn frozen_block_bytes(g: &GgufFile) -> u64 {
             if !is_matrix(&name, &shape) {
                 return None;
             }
-            QuantWeight::bytes_for_any(info.ggml_type, shape[0], shape[1]).map(|b| b as u64)
+            let bytes = QuantWeight::bytes_for_any(info.ggml_type, shape[0], shape[1])?;
+            Some(((shape[0] * shape[1]) as u64, bytes as u64))
         })
-        .sum()
+        .fold((0, 0), |(p, b), (p1, b1)| (p + p1, b + b1))
 }
 
 /// Linear layers, the embedding and the LM head.

@@ -239,6 +239,9 @@ pub struct ModelMetadata {
     /// Bytes of GGUF blocks an f32 CPU load keeps beside the weights for decoding
     /// ([`rlft_kernels::quant`]); 0 for HF directories.
     pub decode_block_bytes: u64,
+    /// `(parameters, bytes)` of the matrices a LoRA run keeps in their GGUF blocks instead of
+    /// f32 ([`LoadOptions::keep_quantized`]); `(0, 0)` for HF directories.
+    pub frozen_blocks: (u64, u64),
 }
 
 /// Reads a model's config, tokenizer and generation defaults without loading its weights (see
@@ -270,6 +273,7 @@ pub fn load_metadata(path: impl AsRef<Path>) -> Result<ModelMetadata> {
             kind: SourceKind::HfDir,
             largest_file_bytes,
             decode_block_bytes: 0,
+            frozen_blocks: (0, 0),
         });
     }
     let mut g = GgufFile::open_header(path)?;
@@ -294,6 +298,7 @@ pub fn load_metadata(path: impl AsRef<Path>) -> Result<ModelMetadata> {
         kind: SourceKind::Gguf,
         largest_file_bytes: size(path),
         decode_block_bytes: gguf_load::decode_block_bytes(&g),
+        frozen_blocks: gguf_load::frozen_blocks(&g),
     })
 }
 

@@ -672,14 +672,25 @@ fn a_quantised_base_serves_lora_like_its_dequantised_weights() {
     let mut seen: Vec<GgmlType> = types.tensors().iter().map(|t| t.ggml_type).collect();
     seen.sort_by_key(|t| t.id());
     seen.dedup();
-    for t in [GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0, GgmlType::Q8_0] {
+    for t in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+    ] {
         assert!(seen.contains(&t), "{t:?} missing from {seen:?}");
     }
     assert!(matches!(kept.embed_tokens, Weight::Quant(_)));
     assert!(matches!(kept.lm_head, Some(Weight::Quant(_))));
-    assert!(kept.linears().iter().all(|(_, l)| l.weight.quant().is_some()));
+    assert!(kept
+        .linears()
+        .iter()
+        .all(|(_, l)| l.weight.quant().is_some()));
     let bytes = |m: &CausalLm| -> usize {
-        m.linears().iter().map(|(_, l)| l.weight.size_in_bytes()).sum::<usize>()
+        m.linears()
+            .iter()
+            .map(|(_, l)| l.weight.size_in_bytes())
+            .sum::<usize>()
             + m.embed_tokens.size_in_bytes()
             + m.lm_head.as_ref().map_or(0, Weight::size_in_bytes)
     };
@@ -695,7 +706,10 @@ fn a_quantised_base_serves_lora_like_its_dequantised_weights() {
             a.flatten_all().unwrap().to_vec1().unwrap(),
             b.flatten_all().unwrap().to_vec1().unwrap(),
         );
-        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{n}");
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{n}"
+        );
     }
     let seq: Vec<u32> = (0..40u32).map(|i| (i * 37 + 5) % 512).collect();
     let d = max_diff(&logprobs(&kept, &seq), &logprobs(&dense, &seq));
@@ -710,16 +724,27 @@ fn a_quantised_base_serves_lora_like_its_dequantised_weights() {
     };
     let grads = |mut m: CausalLm| -> Vec<(String, Vec<f32>)> {
         let vars = attach_lora(&mut m, &lora).unwrap();
-        let batch = Batch::left_padded(&[seq.clone()], &[0], 0, 0, &Device::Cpu).unwrap();
+        let batch =
+            Batch::left_padded(std::slice::from_ref(&seq), &[0], 0, 0, &Device::Cpu).unwrap();
         let hidden = m.forward(&batch, None, true).unwrap();
         let t = seq.len();
-        let rows = hidden.reshape((t, cfg.hidden_size)).unwrap().narrow(0, 0, t - 1).unwrap();
+        let rows = hidden
+            .reshape((t, cfg.hidden_size))
+            .unwrap()
+            .narrow(0, 0, t - 1)
+            .unwrap();
         let targets = Tensor::new(&seq[1..], &Device::Cpu).unwrap();
-        let loss = m.target_logprobs(&rows, &targets, 8).unwrap().sum_all().unwrap();
+        let loss = m
+            .target_logprobs(&rows, &targets, 8)
+            .unwrap()
+            .sum_all()
+            .unwrap();
         let g = loss.backward().unwrap();
         vars.iter()
             .map(|(n, v)| {
-                let gv = g.get(v.as_tensor()).expect("every adapter factor has a gradient");
+                let gv = g
+                    .get(v.as_tensor())
+                    .expect("every adapter factor has a gradient");
                 (n.clone(), gv.flatten_all().unwrap().to_vec1().unwrap())
             })
             .collect()

@@ -23,8 +23,8 @@ fn opts() -> LoadOptions {
     LoadOptions {
         device: candle_core::Device::Cpu,
         dtype: candle_core::DType::F32,
+        ..Default::default()
     }
-    ..Default::default()
 }
 
 /// The server's router on a tiny model saved under `dir/model`.

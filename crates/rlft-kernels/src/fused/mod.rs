@@ -30,8 +30,8 @@ pub mod head;
 pub mod linear;
 mod low_rank;
 pub mod norm;
-pub mod quant_linear;
 pub mod quant_head;
+pub mod quant_linear;
 pub mod rope;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -97,6 +97,9 @@ pub struct Environment {
     /// GGUF blocks an f32 load keeps beside the frozen weights for decoding (0 for HF
     /// directories; `ModelMetadata::decode_block_bytes`).
     pub decode_block_bytes: u64,
+    /// `(parameters, bytes)` of the matrices a LoRA run over an f32 GGUF load keeps in their
+    /// blocks instead of f32 (`ModelMetadata::frozen_blocks`).
+    pub frozen_blocks: (u64, u64),
 }
 
 /// A phase of a run (see the module docs).

@@ -25,21 +25,43 @@ pub(super) fn weights(c: &mut Parts, d: &Derived, env: &Environment) {
         "binary, tokenizer, dataset, threads (measured)".into(),
         &ALL,
     );
-    c.add(
-        "weights",
-        "policy weights".into(),
-        d.weights,
-        if d.reward_model {
+    // LoRA over an f32 GGUF load keeps the frozen matrices in their blocks (no decode copy).
+    let (kept_params, kept_bytes) = env.frozen_blocks;
+    let in_blocks = !run.bf16 && !d.full && !d.reward_model && kept_bytes > 0;
+    if in_blocks {
+        let dense = d.p.saturating_sub(kept_params as usize);
+        c.add(
+            "weights",
+            "policy weights".into(),
+            Sized {
+                bytes: kept_bytes + dense as u64 * d.w,
+                fresh_bytes: 0,
+            },
             format!(
-                "{} params x {dtype}: the backbone (no LM head) and the score head [1, {}]",
-                count(d.p),
-                dims.hidden
-            )
-        } else {
-            format!("{} params x {dtype}", count(d.p))
-        },
-        &ALL,
-    );
+                "frozen base in its GGUF blocks: {} params in {:.0} MiB, {} params x {dtype}",
+                count(kept_params as usize),
+                mib(kept_bytes),
+                count(dense)
+            ),
+            &ALL,
+        );
+    } else {
+        c.add(
+            "weights",
+            "policy weights".into(),
+            d.weights,
+            if d.reward_model {
+                format!(
+                    "{} params x {dtype}: the backbone (no LM head) and the score head [1, {}]",
+                    count(d.p),
+                    dims.hidden
+                )
+            } else {
+                format!("{} params x {dtype}", count(d.p))
+            },
+            &ALL,
+        );
+    }
     // Loading: the source file and the largest tensor's f32 conversion; with full fine-tuning
     // the loaded weights stay while their trainable copies are made.
     let file = Sized::one(env.source_file_bytes) + Sized::one(dims.largest_tensor() as u64 * 4);
@@ -57,7 +79,7 @@ pub(super) fn weights(c: &mut Parts, d: &Derived, env: &Environment) {
             ),
         )
     };
-    if !run.bf16 && env.decode_block_bytes > 0 {
+    if !run.bf16 && env.decode_block_bytes > 0 && !in_blocks {
         // Kept by GRPO with LoRA (rollouts decode the frozen base from them); dropped after
         // loading by full fine-tuning (the weights move) and by SFT (it never decodes).
         let kept = !d.full && matches!(run.workload, Workload::Grpo(_));

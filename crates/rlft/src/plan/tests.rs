@@ -48,6 +48,7 @@ pub(super) const ENV: Environment = Environment {
     baseline_bytes: 1_000_000,
     source_file_bytes: 1_000,
     decode_block_bytes: 0,
+    frozen_blocks: (0, 0),
 };
 
 #[test]
