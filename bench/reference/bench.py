@@ -8,15 +8,17 @@ Cases (one timed repetition each):
             (min_new_tokens = max_new_tokens), sampling at temperature 1 with no top-k/top-p
   fwd_bwd   forward + backward of a full fine-tune: 8 x 128 random ids (torch seed 0), loss =
             -mean log-prob of positions 64..127, logits computed at all 128 positions (as a plain
-            transformers forward does); also times the same loss without grad (`forward_no_grad`,
-            what rlft's `ref_pass` case is compared with)
+            transformers forward does; with --completion-logits, or RLFT_REF_COMPLETION_LOGITS=1
+            in the environment `rlft bench` passes on, only at the 65 positions the loss reads,
+            `logits_to_keep` as TRL's trainers do and as rlft's loss does); also times the same
+            loss without grad (`forward_no_grad`, what rlft's `ref_pass` case is compared with)
   lora      the same with peft LoRA r=16, alpha 32, no dropout on q,k,v,o,gate,up,down (base frozen)
   adamw     torch.optim.AdamW(fused=True).step() over every parameter, lr 1e-6, no weight decay,
             fixed random gradients (`step_fused`); its peak RSS covers gradients, optimizer state
             and steps, as rlft's does
 
     python bench.py --run-case CASE [--model DIR] [--reps 3] [--warmup 1] [--batch 8]
-                    [--new-tokens 32] [--threads N]
+                    [--new-tokens 32] [--threads N] [--completion-logits]
 
 runs one case in this process and prints one line `RESULT_JSON {...}` (what `rlft bench` reads;
 see `crates/rlft-cli/src/bench/reference.rs`). The peak RSS is reset after loading, so
@@ -62,12 +64,18 @@ def random_batch(vocab):
     return ids, torch.ones_like(ids)
 
 
-def completion_nll(model, ids, mask):
-    """-mean log-prob of tokens PROMPT..SEQ-1 given everything before them."""
+def completion_nll(model, ids, mask, completion_logits=False):
+    """-mean log-prob of tokens PROMPT..SEQ-1 given everything before them; the LM head at all
+    SEQ positions, or (`completion_logits`) only at the SEQ - PROMPT + 1 last, of which the loss
+    reads all but the last."""
     import torch
 
-    logits = model(input_ids=ids, attention_mask=mask).logits
-    pred = torch.log_softmax(logits[:, PROMPT - 1:-1, :].float(), dim=-1)
+    if completion_logits:
+        logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=SEQ - PROMPT + 1).logits
+        logits = logits[:, :-1, :]
+    else:
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, PROMPT - 1:-1, :]
+    pred = torch.log_softmax(logits.float(), dim=-1)
     return -pred.gather(-1, ids[:, PROMPT:].unsqueeze(-1)).mean()
 
 
@@ -101,7 +109,7 @@ def case_fwd_bwd(a, lora=False):
 
     def step():
         t0 = time.perf_counter()
-        loss = completion_nll(model, ids, mask)
+        loss = completion_nll(model, ids, mask, a.completion_logits)
         t1 = time.perf_counter()
         loss.backward()
         fwd.append(t1 - t0)
@@ -110,6 +118,7 @@ def case_fwd_bwd(a, lora=False):
 
     times = measure.time_reps(step, a.warmup, a.reps)
     out = {"load_s": round(load_s, 3), "shape": [ROWS, SEQ], "completion_tokens": ROWS * (SEQ - PROMPT),
+           "logits_positions": SEQ - PROMPT + 1 if a.completion_logits else SEQ,
            "trainable_params": sum(p.numel() for p in trainable),
            "fwd_bwd": measure.stats_ms(times),
            "of_which_forward": measure.stats_ms(fwd[a.warmup:]),
@@ -118,7 +127,7 @@ def case_fwd_bwd(a, lora=False):
     if not lora:
         def no_grad_pass():
             with torch.no_grad():
-                completion_nll(model, ids, mask)
+                completion_nll(model, ids, mask, a.completion_logits)
 
         out["forward_no_grad"] = measure.stats_ms(measure.time_reps(no_grad_pass, a.warmup, a.reps))
     out.update(finish_measuring(m))
@@ -209,6 +218,10 @@ def main():
     ap.add_argument("--batch", type=int, default=8, help="generate: prompts")
     ap.add_argument("--new-tokens", type=int, default=32, help="generate: new tokens per row")
     ap.add_argument("--threads", type=int, default=measure.threads(), help="torch threads")
+    ap.add_argument("--completion-logits", action="store_true",
+                    default=os.environ.get("RLFT_REF_COMPLETION_LOGITS", "") not in ("", "0"),
+                    help="fwd_bwd, lora: the LM head only at the positions the loss reads "
+                         "(default: at all 128, as published; env RLFT_REF_COMPLETION_LOGITS=1)")
     a = ap.parse_args()
     if a.reps < 1:
         ap.error("--reps must be at least 1")
@@ -219,6 +232,7 @@ def main():
         cmd = [sys.executable, os.path.abspath(__file__), "--run-case", case, "--model", a.model,
                "--reps", str(a.reps), "--warmup", str(a.warmup), "--batch", str(a.batch),
                "--new-tokens", str(a.new_tokens), "--threads", str(a.threads)]
+        cmd += ["--completion-logits"] if a.completion_logits else []
         env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false"}
         p = subprocess.run(cmd, capture_output=True, text=True, env=env)
         line = [x for x in p.stdout.splitlines() if x.startswith("RESULT_JSON ")]

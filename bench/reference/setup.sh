@@ -2,13 +2,20 @@
 # Builds the PyTorch + transformers + TRL reference that `rlft bench --against-reference` measures
 # rlft against (bench.py, grpo.py). Idempotent: every stage is skipped when its output is there.
 #
-#   bash bench/reference/setup.sh
+#   bash bench/reference/setup.sh [MODEL]
+#
+# MODEL: what `rlft bench --model` is given: the default model when left out (or `default`,
+# `smollm2-135m`); another built-in name (`qwen2.5-coder-0.5b`), whose GGUF `rlft fetch-model`
+# fetches ($RLFT, default target/release/rlft, must be built); or a GGUF path.
 #
 # What it makes, under $RLFT_CACHE (default ~/.cache/rlft), where `rlft bench` looks:
 #   reference/venv/                     Python venv: requirements.txt, every dependency pinned by
 #                                       constraints.txt (the versions the published ratios used)
 #   reference/smollm2-135m-instruct-hf/ float32 safetensors + config + tokenizer, dequantised
-#                                       from the default model's GGUF
+#                                       from the default model's GGUF (convert_gguf.py); another
+#                                       built-in model's goes to reference/<its cache dir>-hf
+#                                       (qwen2.5-coder-0.5b-instruct-hf, 2.5 GB), a GGUF path's
+#                                       to reference/<file stem>-hf
 #   models/smollm2-135m-instruct/       the GGUF itself (scripts/fetch-default-model.sh)
 #
 # torch: the CPU wheel from RLFT_TORCH_INDEX (default https://download.pytorch.org/whl/cpu) when
@@ -25,7 +32,7 @@ CACHE="${RLFT_CACHE:-$HOME/.cache/rlft}"
 REF="$CACHE/reference"
 VENV="$REF/venv"
 PY="$VENV/bin/python"
-MODEL_DIR="$REF/smollm2-135m-instruct-hf"
+MODEL="${1:-default}"
 LOCK="${RLFT_BENCH_LOCK:-/tmp/rlft-bench.lock}"
 TORCH_INDEX="${RLFT_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
 PINS=(-c "$HERE/constraints.txt")
@@ -75,11 +82,32 @@ names = ["torch", "transformers", "trl", "peft", "datasets", "accelerate", "gguf
 print("versions: " + ", ".join(f"{n} {version(n)}" for n in names))
 EOF
 
-# 2. The default model's GGUF (the file rlft itself runs).
-GGUF="$("$REPO/scripts/fetch-default-model.sh")"
+# 2. The model's GGUF (the file rlft itself runs), and where its HF copy goes: the name
+#    `rlft bench` derives from --model (crates/rlft-cli/src/bench/reference.rs, default_model_dir).
+case "$(echo "$MODEL" | tr '[:upper:]' '[:lower:]')" in
+  default|smollm2-135m)
+    GGUF="$("$REPO/scripts/fetch-default-model.sh")"
+    MODEL_DIR="$REF/$(basename "$(dirname "$GGUF")")-hf"
+    ;;
+  *)
+    if [ -f "$MODEL" ]; then
+      GGUF="$MODEL"
+      MODEL_DIR="$REF/$(basename "$GGUF" .gguf)-hf"
+    else
+      RLFT="${RLFT:-$REPO/target/release/rlft}"
+      if [ ! -x "$RLFT" ]; then
+        echo "error: $MODEL is not a file, and fetching a built-in model takes rlft: build it" \
+          "(cargo build --release) or set RLFT=/path/to/rlft" >&2
+        exit 1
+      fi
+      GGUF="$("$RLFT" fetch-model "$MODEL")"
+      MODEL_DIR="$REF/$(basename "$(dirname "$GGUF")")-hf"
+    fi
+    ;;
+esac
 
 # 3. Its float32 HF directory, written beside and renamed into place when complete.
-if [ -f "$MODEL_DIR/model.safetensors" ]; then
+if [ -f "$MODEL_DIR/config.json" ]; then  # written whole, then renamed into place
   echo "model: $MODEL_DIR (already converted)"
 else
   rm -rf "$MODEL_DIR.partial"
@@ -88,4 +116,8 @@ else
 fi
 
 du -sh "$VENV" "$MODEL_DIR" | sed 's/^/disk: /'
-echo "ready: ./target/release/rlft bench --against-reference  (finds $REF by itself)"
+if [ "$MODEL" = default ]; then
+  echo "ready: ./target/release/rlft bench --against-reference  (finds $REF by itself)"
+else
+  echo "ready: ./target/release/rlft bench --model $MODEL --against-reference  (finds $MODEL_DIR by itself)"
+fi

@@ -182,9 +182,11 @@ pub struct BenchArgs {
     /// `$RLFT_CACHE` when set, where `bash bench/reference/setup.sh` builds it).
     #[arg(long)]
     pub reference_python: Option<String>,
-    /// HF directory of the model the reference loads (default:
-    /// `~/.cache/rlft/reference/smollm2-135m-instruct-hf`, which setup.sh dequantises from the
-    /// GGUF of rlft's default model).
+    /// HF directory of the model the reference loads (default: the float32 copy of --model that
+    /// `bash bench/reference/setup.sh [MODEL]` dequantises from its GGUF,
+    /// `~/.cache/rlft/reference/<name>-hf`: `smollm2-135m-instruct-hf` for the default model,
+    /// `qwen2.5-coder-0.5b-instruct-hf` for `qwen2.5-coder-0.5b`, `<file stem>-hf` for a GGUF
+    /// path; an HF directory --model itself).
     #[arg(long)]
     pub reference_model: Option<String>,
     /// Print the whole result as JSON (per case: rlft and reference stats, ratio, warnings;
@@ -247,10 +249,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut warnings: Vec<String> = Vec::new();
     if let Some(r) = reference
         .as_ref()
-        .filter(|_| !crate::models::is_default(&a.model.model))
+        .filter(|r| r.model_given() && !crate::models::is_default(&a.model.model))
     {
         warnings.push(format!(
-            "the reference loads its own model ({}), not {}: ratios compare different models",
+            "the reference loads --reference-model {}, not a conversion of {} made by \
+             bench/reference/setup.sh: ratios compare the same model only if it is one",
             r.model().display(),
             a.model.model
         ));

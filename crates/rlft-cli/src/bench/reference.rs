@@ -5,7 +5,8 @@
 //!
 //! Found without flags: the harness in `./bench/reference` or, from the executable
 //! (`target/release/rlft`), in `../../bench/reference`; its venv and model where its `setup.sh`
-//! puts them, under the cache root (`$RLFT_CACHE` or `~/.cache/rlft`) in `reference/`.
+//! puts them, under the cache root (`$RLFT_CACHE` or `~/.cache/rlft`) in `reference/`: the
+//! model is the HF copy of rlft's `--model` (see [`default_model_dir`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -17,7 +18,7 @@ use serde_json::{json, Map, Value};
 use super::cases::threads;
 use super::report::RefOutcome;
 use super::{expand_home, result_line, BenchArgs, Case};
-use crate::models::cache_root;
+use crate::models::{cache_root, is_default};
 
 /// The harness's directory inside the repository.
 pub const HARNESS: &str = "bench/reference";
@@ -34,13 +35,39 @@ fn find_harness() -> Option<PathBuf> {
         .find(|d| d.join("bench.py").is_file())
 }
 
-/// `bash DIR/setup.sh`, with DIR as short as it can be said.
-fn setup_command(dir: &Path) -> String {
+/// `bash DIR/setup.sh [MODEL]`, with DIR as short as it can be said (MODEL left out for the
+/// default model).
+fn setup_command(dir: &Path, model: &str) -> String {
     let shown = std::env::current_dir()
         .ok()
         .and_then(|cwd| dir.strip_prefix(cwd).ok().map(Path::to_path_buf))
         .unwrap_or_else(|| dir.to_path_buf());
-    format!("bash {}", shown.join("setup.sh").display())
+    let arg = if is_default(model) {
+        String::new()
+    } else {
+        format!(" {model}")
+    };
+    format!("bash {}{arg}", shown.join("setup.sh").display())
+}
+
+/// The HF directory the reference loads for rlft's `--model` when `--reference-model` is not
+/// given: where `bench/reference/setup.sh MODEL` converts it, `<ref>/<name>-hf` under `ref` (the
+/// cache's `reference/`), `<name>` being a built-in model's cache directory
+/// (`smollm2-135m-instruct` for the default) or a GGUF file's stem; an HF directory (one with a
+/// config.json) is loaded as it is.
+pub fn default_model_dir(reference: &Path, model: &str) -> PathBuf {
+    let name = match rlft_fetch::classify(model) {
+        Ok(rlft_fetch::ModelRef::Builtin(m)) => m.cache_dir.to_string(),
+        Ok(rlft_fetch::ModelRef::Path(p)) => {
+            if p.join("config.json").is_file() {
+                return p;
+            }
+            p.file_stem()
+                .map_or_else(|| model.to_string(), |s| s.to_string_lossy().into_owned())
+        }
+        Err(_) => rlft_fetch::registry::default_model().cache_dir.to_string(),
+    };
+    reference.join(format!("{name}-hf"))
 }
 
 /// The located reference: its Python, scripts and model.
@@ -48,6 +75,8 @@ pub struct Reference {
     python: PathBuf,
     dir: PathBuf,
     model: PathBuf,
+    /// Whether the model came from `--reference-model` (else it is `--model`'s HF copy).
+    model_given: bool,
 }
 
 impl Reference {
@@ -74,7 +103,8 @@ impl Reference {
             model: a
                 .reference_model
                 .as_deref()
-                .map_or_else(|| cache.join("smollm2-135m-instruct-hf"), expand_home),
+                .map_or_else(|| default_model_dir(&cache, &a.model.model), expand_home),
+            model_given: a.reference_model.is_some(),
             dir,
         };
         let missing: Vec<String> = [&r.python, &r.dir.join("bench.py"), &r.model]
@@ -87,10 +117,10 @@ impl Reference {
         } else {
             Err(format!(
                 "the reference is not built ({} missing); build it once with `{}` (a Python \
-                 venv with torch, transformers, trl and peft, and the default model as an HF \
-                 directory: about 7 GB under {})",
+                 venv with torch, transformers, trl and peft, about 6 GB, and the model as a \
+                 float32 HF directory, 4 bytes a parameter, under {})",
                 missing.join(", "),
-                setup_command(&r.dir),
+                setup_command(&r.dir, &a.model.model),
                 cache.display()
             ))
         }
@@ -99,6 +129,11 @@ impl Reference {
     /// The HF directory the reference loads.
     pub fn model(&self) -> &Path {
         &self.model
+    }
+
+    /// Whether that directory was given by `--reference-model` (else it is `--model`'s copy).
+    pub fn model_given(&self) -> bool {
+        self.model_given
     }
 
     /// Where the reference lives, for the JSON.
@@ -319,4 +354,33 @@ fn summarize(case: Case, a: &BenchArgs, raw: Value) -> Result<Value> {
     }
     v["raw"] = raw;
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reference_model_follows_rlft_model() {
+        let r = Path::new("/cache/reference");
+        let dir = |m: &str| default_model_dir(r, m);
+        assert_eq!(dir("default"), r.join("smollm2-135m-instruct-hf"));
+        assert_eq!(dir("SmolLM2-135M"), r.join("smollm2-135m-instruct-hf"));
+        assert_eq!(
+            dir("qwen2.5-coder-0.5b"),
+            r.join("qwen2.5-coder-0.5b-instruct-hf")
+        );
+        assert_eq!(
+            dir("/nowhere/My-Model.Q8_0.gguf"),
+            r.join("My-Model.Q8_0-hf")
+        );
+        let hf = tempfile::tempdir().unwrap();
+        std::fs::write(hf.path().join("config.json"), "{}").unwrap();
+        assert_eq!(dir(hf.path().to_str().unwrap()), hf.path());
+        assert!(setup_command(Path::new("/x/bench/reference"), "default").ends_with("setup.sh"));
+        assert!(
+            setup_command(Path::new("/x/bench/reference"), "qwen2.5-coder-0.5b")
+                .ends_with("setup.sh qwen2.5-coder-0.5b")
+        );
+    }
 }

@@ -60,6 +60,9 @@ pub fn case_entry(case: Case, ours: Value, theirs: RefOutcome, against_reference
             ));
         }
     }
+    if let Some(t) = theirs.summary.as_ref() {
+        warnings.extend(parity_warnings(case, &ours, t));
+    }
     if let Some(n) = theirs.note {
         if theirs.failed {
             warnings.push(n);
@@ -85,6 +88,39 @@ pub fn case_entry(case: Case, ours: Value, theirs: RefOutcome, against_reference
         "notes": notes,
         "warnings": warnings,
     })
+}
+
+/// Where the two sides did not do the same work, as far as their results show it: generate's
+/// prompt lengths (tokenizer and chat template), the trainable parameters of fwd_bwd and lora
+/// and the parameters of adamw (the model: a tied or separate LM head, the biases, LoRA's
+/// targets). `theirs` is the reference's summary (its raw result in `raw`).
+fn parity_warnings(case: Case, ours: &Value, theirs: &Value) -> Vec<String> {
+    let (detail, raw) = (&ours["detail"], &theirs["raw"]);
+    let batch = format!("batch_{}", detail["batch"]);
+    let pairs: Vec<(&str, &Value, &Value)> = match case {
+        Case::Generate => vec![(
+            "prompt lengths in tokens (tokenizer, chat template)",
+            &detail["prompt_lens"],
+            &raw[batch.as_str()]["prompt_lens"],
+        )],
+        Case::FwdBwd | Case::Lora => vec![(
+            "trainable parameters",
+            &detail["trainable_params"],
+            &raw["trainable_params"],
+        )],
+        Case::Adamw => vec![("parameters", &detail["n_params"], &raw["n_params"])],
+        _ => Vec::new(),
+    };
+    pairs
+        .into_iter()
+        .filter(|(_, o, t)| !o.is_null() && !t.is_null() && o != t)
+        .map(|(what, o, t)| {
+            format!(
+                "rlft and the reference differ in their {what}: {o} vs {t}; they did not run \
+                 the same model or inputs, so the ratio compares different work"
+            )
+        })
+        .collect()
 }
 
 /// Threads, CPU model, git commit, date and versions, for tracking results over time.
@@ -354,5 +390,24 @@ mod tests {
         let e = case_entry(Case::FwdBwd, ours, theirs, true);
         assert_eq!(e["ratio"], 0.5);
         assert_eq!(e["warnings"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn parity_warnings_name_what_differs() {
+        let ours =
+            json!({"time": {"median_ms": 50.0}, "detail": {"batch": 8, "prompt_lens": [60, 61]}});
+        let theirs = |lens: Value| RefOutcome {
+            summary: Some(json!({"median_ms": 100.0, "raw": {"batch_8": {"prompt_lens": lens}}})),
+            note: None,
+            failed: false,
+        };
+        let same = case_entry(Case::Generate, ours.clone(), theirs(json!([60, 61])), true);
+        assert!(same["warnings"].as_array().unwrap().is_empty(), "{same}");
+        let differ = case_entry(Case::Generate, ours, theirs(json!([61, 62])), true);
+        let w = differ["warnings"].as_array().unwrap();
+        assert!(
+            w.len() == 1 && w[0].as_str().unwrap().contains("prompt lengths"),
+            "{differ}"
+        );
     }
 }
