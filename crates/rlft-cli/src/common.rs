@@ -36,6 +36,7 @@ impl ExportArgs {
             dtype: parse_dtype(&self.save_dtype)?,
             shard_bytes: self.shard_mib << 20,
             overwrite: self.overwrite,
+            merge_adapters: false,
         })
     }
 }

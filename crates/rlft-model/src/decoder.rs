@@ -13,7 +13,7 @@ use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::kv_cache::KvCache;
 use crate::ops::{self, Linear};
-use crate::weight::Weight;
+use crate::weight::{LazyWeight, Weight};
 use rlft_kernels::quant::QuantWeight;
 
 /// One attention block.
@@ -335,45 +335,55 @@ impl CausalLm {
     }
 
     fn try_named_weights(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = vec![(
-            "model.embed_tokens.weight".to_string(),
-            self.embed_tokens.to_tensor()?,
-        )];
-        let lin = |out: &mut Vec<(String, Tensor)>, n: String, l: &Linear| -> Result<()> {
-            out.push((format!("{n}.weight"), l.weight.to_tensor()?));
+        self.lazy_weights(false)?
+            .into_iter()
+            .map(|w| Ok((w.name.clone(), w.tensor()?)))
+            .collect()
+    }
+
+    /// [`Self::named_weights`] made one at a time ([`LazyWeight::tensor`]), with each linear
+    /// layer's attached LoRA adapter merged in when `merge_adapters` (enabled or not, as
+    /// [`crate::lora::merge_lora`]): what an export streams.
+    pub fn lazy_weights(&self, merge_adapters: bool) -> Result<Vec<LazyWeight>> {
+        let mut out = vec![LazyWeight::matrix(
+            "model.embed_tokens.weight".into(),
+            &self.embed_tokens,
+            None,
+        )?];
+        let lin = |out: &mut Vec<LazyWeight>, n: String, l: &Linear| -> Result<()> {
+            let lora = l.lora.as_ref().filter(|_| merge_adapters);
+            out.push(LazyWeight::matrix(format!("{n}.weight"), &l.weight, lora)?);
             if let Some(b) = &l.bias {
-                out.push((format!("{n}.bias"), b.clone()));
+                out.push(LazyWeight::from_tensor(format!("{n}.bias"), b.clone()));
             }
             Ok(())
         };
+        let t = |n: String, t: &Tensor| LazyWeight::from_tensor(n, t.clone());
         for (i, l) in self.layers.iter().enumerate() {
             let p = format!("model.layers.{i}");
-            out.push((
-                format!("{p}.input_layernorm.weight"),
-                l.input_layernorm.clone(),
-            ));
+            out.push(t(format!("{p}.input_layernorm.weight"), &l.input_layernorm));
             let a = &l.self_attn;
             lin(&mut out, format!("{p}.self_attn.q_proj"), &a.q_proj)?;
             lin(&mut out, format!("{p}.self_attn.k_proj"), &a.k_proj)?;
             lin(&mut out, format!("{p}.self_attn.v_proj"), &a.v_proj)?;
             lin(&mut out, format!("{p}.self_attn.o_proj"), &a.o_proj)?;
             if let Some(n) = &a.q_norm {
-                out.push((format!("{p}.self_attn.q_norm.weight"), n.clone()));
+                out.push(t(format!("{p}.self_attn.q_norm.weight"), n));
             }
             if let Some(n) = &a.k_norm {
-                out.push((format!("{p}.self_attn.k_norm.weight"), n.clone()));
+                out.push(t(format!("{p}.self_attn.k_norm.weight"), n));
             }
-            out.push((
+            out.push(t(
                 format!("{p}.post_attention_layernorm.weight"),
-                l.post_attention_layernorm.clone(),
+                &l.post_attention_layernorm,
             ));
             lin(&mut out, format!("{p}.mlp.gate_proj"), &l.mlp.gate_proj)?;
             lin(&mut out, format!("{p}.mlp.up_proj"), &l.mlp.up_proj)?;
             lin(&mut out, format!("{p}.mlp.down_proj"), &l.mlp.down_proj)?;
         }
-        out.push(("model.norm.weight".to_string(), self.norm.clone()));
+        out.push(t("model.norm.weight".into(), &self.norm));
         if let Some(h) = &self.lm_head {
-            out.push(("lm_head.weight".to_string(), h.to_tensor()?));
+            out.push(LazyWeight::matrix("lm_head.weight".into(), h, None)?);
         }
         Ok(out)
     }

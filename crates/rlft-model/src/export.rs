@@ -14,8 +14,9 @@ use crate::config::ModelConfig;
 use crate::decoder::CausalLm;
 use crate::error::{ModelError, Result};
 use crate::generation_config::GenerationConfig;
-use crate::safetensors_io::save_tensors;
+use crate::safetensors_io::save_lazy;
 use crate::util::write_json_atomic;
+use crate::weight::LazyWeight;
 
 /// Options of [`save_hf_dir`].
 #[derive(Debug, Clone)]
@@ -26,6 +27,9 @@ pub struct ExportOptions {
     pub shard_bytes: usize,
     /// Replace an existing directory at the target path.
     pub overwrite: bool,
+    /// Merge the model's attached LoRA adapters into the written weights, one tensor at a time
+    /// (the model itself keeps them): a LoRA run's merged export without a merged copy.
+    pub merge_adapters: bool,
 }
 
 impl Default for ExportOptions {
@@ -34,6 +38,7 @@ impl Default for ExportOptions {
             dtype: DType::F32,
             shard_bytes: 4 << 30,
             overwrite: false,
+            merge_adapters: false,
         }
     }
 }
@@ -87,7 +92,7 @@ pub(crate) fn save_dir(
     extra: &[(String, candle_core::Tensor)],
 ) -> Result<()> {
     dtype_name(opts.dtype)?;
-    if model.has_adapters() {
+    if model.has_adapters() && !opts.merge_adapters {
         return Err(ModelError::Invalid(
             "the model has LoRA adapters, which an HF directory cannot hold; merge them first \
              (rlft_model::lora::merge_lora, or `rlft merge`), or save them with \
@@ -118,12 +123,16 @@ pub(crate) fn save_dir(
     let result = (|| {
         write_json_atomic(&tmp.join("config.json"), config)?;
         write_json_atomic(&tmp.join("generation_config.json"), &generation.to_json())?;
-        let mut weights = model.named_weights();
+        let mut weights = model.lazy_weights(opts.merge_adapters)?;
         if !extra.is_empty() {
-            weights.retain(|(n, _)| n != "lm_head.weight");
-            weights.extend(extra.iter().cloned());
+            weights.retain(|w| w.name != "lm_head.weight");
+            weights.extend(
+                extra
+                    .iter()
+                    .map(|(n, t)| LazyWeight::from_tensor(n.clone(), t.clone())),
+            );
         }
-        save_tensors(&tmp, &weights, opts.dtype, opts.shard_bytes)?;
+        save_lazy(&tmp, &weights, opts.dtype, opts.shard_bytes)?;
         save_tokenizer_dir(&tmp, text)?;
         Ok(())
     })();

@@ -7,6 +7,7 @@ use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Value};
 
 use crate::error::{ModelError, Result};
+use crate::weight::LazyWeight;
 
 /// The safetensors files of an HF directory: `model.safetensors`, or the shards named in
 /// `model.safetensors.index.json`.
@@ -150,24 +151,32 @@ pub fn save_tensors(
     dtype: DType,
     shard_bytes: usize,
 ) -> Result<Vec<PathBuf>> {
-    let cpu: Vec<(String, Tensor)> = tensors
+    let lazy: Vec<LazyWeight> = tensors
         .iter()
-        .map(|(n, t)| Ok((n.clone(), t.to_dtype(dtype)?.to_device(&Device::Cpu)?)))
-        .collect::<Result<_>>()?;
-    let total: usize = cpu
-        .iter()
-        .map(|(_, t)| t.elem_count() * dtype.size_in_bytes())
-        .sum();
-    let mut shards: Vec<Vec<(String, Tensor)>> = vec![Vec::new()];
+        .map(|(n, t)| LazyWeight::from_tensor(n.clone(), t.clone()))
+        .collect();
+    save_lazy(dir, &lazy, dtype, shard_bytes)
+}
+
+/// [`save_tensors`] for weights made as they are written: each is made, converted and written
+/// in turn, so at most one of them is in memory at a time (besides what the model holds).
+pub fn save_lazy(
+    dir: &Path,
+    tensors: &[LazyWeight],
+    dtype: DType,
+    shard_bytes: usize,
+) -> Result<Vec<PathBuf>> {
+    let size = |t: &LazyWeight| t.shape.iter().product::<usize>() * dtype.size_in_bytes();
+    let total: usize = tensors.iter().map(size).sum();
+    let mut shards: Vec<Vec<&LazyWeight>> = vec![Vec::new()];
     let mut cur = 0usize;
-    for (n, t) in cpu {
-        let sz = t.elem_count() * dtype.size_in_bytes();
-        if cur > 0 && cur + sz > shard_bytes {
+    for t in tensors {
+        if cur > 0 && cur + size(t) > shard_bytes {
             shards.push(Vec::new());
             cur = 0;
         }
-        cur += sz;
-        shards.last_mut().expect("non-empty").push((n, t));
+        cur += size(t);
+        shards.last_mut().expect("non-empty").push(t);
     }
     let count = shards.len();
     let mut written = Vec::new();
@@ -178,11 +187,11 @@ pub fn save_tensors(
         } else {
             format!("model-{:05}-of-{:05}.safetensors", i + 1, count)
         };
-        for (n, _) in &shard {
-            weight_map.insert(n.clone(), name.clone());
+        for t in &shard {
+            weight_map.insert(t.name.clone(), name.clone());
         }
         let path = dir.join(&name);
-        write_file(&path, &shard)?;
+        write_streamed(&path, &shard, dtype)?;
         written.push(path);
     }
     if count > 1 {
@@ -190,4 +199,73 @@ pub fn save_tensors(
         crate::util::write_json_atomic(&dir.join("model.safetensors.index.json"), &index)?;
     }
     Ok(written)
+}
+
+/// safetensors' name of a dtype this writer stores.
+fn st_dtype(d: DType) -> Result<&'static str> {
+    match d {
+        DType::F32 => Ok("F32"),
+        DType::BF16 => Ok("BF16"),
+        DType::F16 => Ok("F16"),
+        other => Err(ModelError::Invalid(format!(
+            "cannot write {other:?} tensors; use f32, bf16 or f16"
+        ))),
+    }
+}
+
+/// One safetensors file written as it is made: the header (from the shapes alone, PyTorch's
+/// `format: pt` metadata, padded to 8 bytes as the format asks), then each tensor's bytes in
+/// header order, through a temporary file and a rename, readable by others (0644).
+fn write_streamed(path: &Path, tensors: &[&LazyWeight], dtype: DType) -> Result<()> {
+    use std::io::Write;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "tensors.safetensors".into());
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let st = st_dtype(dtype)?;
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), json!({"format": "pt"}));
+    let mut offset = 0usize;
+    for t in tensors {
+        let n = t.shape.iter().product::<usize>() * dtype.size_in_bytes();
+        header.insert(
+            t.name.clone(),
+            json!({"dtype": st, "shape": t.shape, "data_offsets": [offset, offset + n]}),
+        );
+        offset += n;
+    }
+    let mut head = serde_json::to_vec(&Value::Object(header))
+        .map_err(|e| ModelError::Invalid(format!("safetensors header: {e}")))?;
+    head.resize(head.len().next_multiple_of(8), b' ');
+    let io = |e: std::io::Error| {
+        ModelError::bad_file(
+            &tmp,
+            format!("cannot write safetensors ({e}); check disk space"),
+        )
+    };
+    let file = std::fs::File::create(&tmp).map_err(io)?;
+    let mut w = std::io::BufWriter::new(file);
+    w.write_all(&(head.len() as u64).to_le_bytes())
+        .map_err(io)?;
+    w.write_all(&head).map_err(io)?;
+    for t in tensors {
+        let v = t.tensor()?.to_dtype(dtype)?.to_device(&Device::Cpu)?;
+        if v.dims() != t.shape.as_slice() {
+            return Err(ModelError::ShapeMismatch {
+                name: t.name.clone(),
+                got: v.dims().to_vec(),
+                expected: t.shape.clone(),
+            });
+        }
+        w.write_all(&safetensors::View::data(&v)).map_err(io)?;
+    }
+    let file = w.into_inner().map_err(|e| io(e.into_error()))?;
+    file.sync_all().map_err(io)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644));
+    }
+    std::fs::rename(&tmp, path).map_err(|e| ModelError::io(path, e))
 }

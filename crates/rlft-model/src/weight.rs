@@ -100,3 +100,61 @@ impl From<Tensor> for Weight {
         Weight::Dense(t)
     }
 }
+
+/// A weight to be written, made when it is read ([`LazyWeight::tensor`]): an export streams
+/// a model one tensor at a time, so a base kept in blocks, or an adapter merged on the way, is
+/// never whole in f32 memory.
+#[derive(Debug, Clone)]
+pub struct LazyWeight {
+    /// HF name.
+    pub name: String,
+    /// Shape of the tensor [`Self::tensor`] makes.
+    pub shape: Vec<usize>,
+    source: LazySource,
+}
+
+#[derive(Debug, Clone)]
+enum LazySource {
+    Tensor(Tensor),
+    /// A matrix, with the adapter to merge into it.
+    Matrix(Weight, Option<crate::adapter::LoraAdapter>),
+}
+
+impl LazyWeight {
+    /// A tensor as it is.
+    pub fn from_tensor(name: impl Into<String>, t: Tensor) -> Self {
+        LazyWeight {
+            name: name.into(),
+            shape: t.dims().to_vec(),
+            source: LazySource::Tensor(t),
+        }
+    }
+
+    /// A matrix, plus `scaling * B @ A` of `lora` when given (computed in the adapter's dtype
+    /// and stored in the weight's, as [`crate::lora::merge_lora`] does).
+    pub(crate) fn matrix(
+        name: String,
+        w: &Weight,
+        lora: Option<&crate::adapter::LoraAdapter>,
+    ) -> Result<Self> {
+        let (r, c) = w.dims2()?;
+        Ok(LazyWeight {
+            name,
+            shape: vec![r, c],
+            source: LazySource::Matrix(w.clone(), lora.cloned()),
+        })
+    }
+
+    /// The values: the tensor, the blocks dequantised, with the adapter merged.
+    pub fn tensor(&self) -> Result<Tensor> {
+        match &self.source {
+            LazySource::Tensor(t) => Ok(t.clone()),
+            LazySource::Matrix(w, None) => w.to_tensor(),
+            LazySource::Matrix(w, Some(l)) => {
+                let base = w.to_tensor()?.detach();
+                let d = l.delta_weight()?;
+                Ok((base.to_dtype(d.dtype())? + d)?.to_dtype(base.dtype())?)
+            }
+        }
+    }
+}

@@ -269,6 +269,32 @@ fn merged_model_equals_adapter_model() {
             &adapted,
             "adapter model after merging a clone",
         );
+        // An export that merges as it writes equals merging first, byte for byte.
+        let dir = tempfile::tempdir().unwrap();
+        let text = rlft_model::tiny::tiny_text_bundle().unwrap();
+        let gen = rlft_model::generation_config::GenerationConfig::default();
+        let save = |model: &CausalLm, merge_adapters: bool, name: &str| {
+            let opts = rlft_model::export::ExportOptions {
+                merge_adapters,
+                ..Default::default()
+            };
+            let out = dir.path().join(name);
+            rlft_model::export::save_hf_dir(model, &text, &gen, &out, &opts).unwrap();
+            std::fs::read(out.join("model.safetensors")).unwrap()
+        };
+        assert_eq!(
+            save(&m, true, "streamed"),
+            save(&merged, false, "merged"),
+            "{family:?}: merged on the way"
+        );
+        let unmerged = rlft_model::export::save_hf_dir(
+            &m,
+            &text,
+            &gen,
+            &dir.path().join("refused"),
+            &Default::default(),
+        );
+        assert!(unmerged.is_err(), "adapters are merged only when asked");
         // remove_lora drops adapters without merging: back to the base.
         let mut removed = m.clone();
         assert_eq!(remove_lora(&mut removed), 7 * m.layers.len());

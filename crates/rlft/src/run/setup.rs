@@ -93,9 +93,12 @@ pub fn export_final(
     if let Some(l) = &policy.lora {
         let adapter = output_dir.join("adapter");
         rlft_model::peft::save_adapter(&plain, l, &adapter, Some(model_name))?;
-        let mut merged = plain;
-        rlft_model::lora::merge_lora(&mut merged)?;
-        rlft_model::export::save_hf_dir(&merged, text, generation, &out, &opts)?;
+        // Merged one tensor at a time as it is written: no merged copy of the model.
+        let merged = rlft_model::export::ExportOptions {
+            merge_adapters: true,
+            ..opts
+        };
+        rlft_model::export::save_hf_dir(&plain, text, generation, &out, &merged)?;
         eprintln!(
             "wrote adapter {} and merged model {}",
             adapter.display(),
