@@ -70,18 +70,22 @@ pub(super) fn rollout(c: &mut Parts, d: &Derived) {
             .collect(),
     };
     let largest_merged = merged_elems.iter().copied().max().unwrap_or(0);
-    // The merged weights, and merge_lora's f32 delta, weight and sum of the largest.
-    let merge = tensors(&merged_elems, d.w) + Sized::times(largest_merged * 4, 3);
+    // merge_lora's f32 delta, weight and sum of the largest adapted matrix: what an export
+    // holds as it merges and writes one tensor at a time; a merged copy (bf16 rollouts) holds
+    // every merged weight besides.
+    let one = Sized::times(largest_merged * 4, 3);
+    let merge = tensors(&merged_elems, d.w) + one;
     match &d.run.workload {
         Workload::Grpo(g) => {
+            let merge = if d.run.bf16 { merge } else { one };
             rollout_model(c, d, merge, merged_elems.is_empty());
             generation_caches(c, d, g);
         }
         _ if !merged_elems.is_empty() => c.add(
             "rollout_model",
             "merged model (export)".into(),
-            merge,
-            "the final export merges the adapters into a copy".into(),
+            one,
+            "the final export merges the adapters one tensor at a time as it writes".into(),
             &[Phase::Export],
         ),
         _ => {}
@@ -112,11 +116,9 @@ fn rollout_model(c: &mut Parts, d: &Derived, merge: Sized, unmerged: bool) {
     } else {
         (
             "merged model (export)",
-            format!(
-                "generation adds the adapters to the frozen base as it decodes; the \
-                 final export merges them into a copy: {} params x {dtype}",
-                count(run.tuning.merged_params(d.dims))
-            ),
+            "generation adds the adapters to the frozen base as it decodes; the final \
+             export merges them one tensor at a time as it writes"
+                .into(),
             &[Phase::Export],
         )
     };

@@ -81,7 +81,7 @@ fn dpo_components_by_hand() {
     assert_eq!(p.bytes("reference"), 0);
     assert!(p.component("reference").is_some());
     assert!(p.component("generation").is_none());
-    assert_eq!(p.bytes("rollout_model"), 12_288 * 4 + 3 * 4096 * 4);
+    assert_eq!(p.bytes("rollout_model"), 3 * 4096 * 4);
     let phases: Vec<Phase> = p.phases.iter().map(|x| x.phase).collect();
     assert_eq!(
         phases,
