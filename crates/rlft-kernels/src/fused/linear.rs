@@ -95,7 +95,7 @@ pub fn lora_linear_over(
 }
 
 /// `(rows, in)` of an input `[.., in]` (rank >= 1).
-fn rows_in(dims: &[usize]) -> (usize, usize) {
+pub(super) fn rows_in(dims: &[usize]) -> (usize, usize) {
     let k = dims.last().copied().unwrap_or(0);
     (dims[..dims.len().saturating_sub(1)].iter().product(), k)
 }

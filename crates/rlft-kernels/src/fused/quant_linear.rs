@@ -11,6 +11,7 @@ use std::sync::Arc;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
+use super::linear::rows_in;
 use super::{contiguous_slice, tensor, with_slice};
 use crate::gemm::gemm;
 use crate::math::Real;
@@ -132,12 +133,6 @@ pub fn quant_linear(
 struct QuantLinear {
     w: Arc<QuantWeight>,
     bias: Option<Tensor>,
-}
-
-/// `(rows, in)` of `[.., in]`.
-fn rows_in(dims: &[usize]) -> (usize, usize) {
-    let k = dims.last().copied().unwrap_or(0);
-    (dims[..dims.len().saturating_sub(1)].iter().product(), k)
 }
 
 impl CustomOp1 for QuantLinear {
