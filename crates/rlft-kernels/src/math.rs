@@ -32,6 +32,21 @@ pub trait Real:
     const NEG_INF: Self;
 }
 
+/// `x` as f32 values when `T` is f32, else `None`: the one place a generic kernel reaches an
+/// f32-only path (a SIMD loop, a quantised weight) with its own slice.
+pub(crate) fn as_f32<T: Real>(x: &[T]) -> Option<&[f32]> {
+    // SAFETY: T is f32 (checked), so the slice is reinterpreted as its own type.
+    (T::DTYPE == candle_core::DType::F32)
+        .then(|| unsafe { std::slice::from_raw_parts(x.as_ptr() as *const f32, x.len()) })
+}
+
+/// [`as_f32`] for a mutable slice.
+pub(crate) fn as_f32_mut<T: Real>(x: &mut [T]) -> Option<&mut [f32]> {
+    // SAFETY: as in `as_f32`.
+    (T::DTYPE == candle_core::DType::F32)
+        .then(|| unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut f32, x.len()) })
+}
+
 /// `e^x` for f32 without a libm call, so loops over it vectorise: `2^n * e^r` with
 /// `n = round(x / ln 2)` and a degree-6 polynomial (Cephes `expf`) for `e^r`, `|r| <= ln 2 / 2`.
 /// Relative error below 2e-7 (libm's is about 1e-7); `x < -87` (including `-inf`) gives exactly

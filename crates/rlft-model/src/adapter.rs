@@ -103,6 +103,14 @@ impl LoraAdapter {
     pub fn delta_weight(&self) -> Result<Tensor> {
         Ok((self.b.detach().matmul(&self.a.detach())? * self.scaling)?)
     }
+
+    /// `w + scaling * B @ A`, added in the adapter's dtype and returned in `w`'s: the one
+    /// merge formula (`merge_lora`, and the export's streamed merge).
+    pub fn merged_into(&self, w: &Tensor) -> Result<Tensor> {
+        let d = self.delta_weight()?;
+        let w = w.detach();
+        Ok((w.to_dtype(d.dtype())? + d)?.to_dtype(w.dtype())?)
+    }
 }
 
 /// SplitMix64: a full-period 64-bit mixer, enough for init and dropout streams.

@@ -297,9 +297,7 @@ pub fn merge_lora(model: &mut CausalLm) -> Result<usize> {
     let mut n = 0;
     for (_, lin) in model.linears_mut() {
         let Some(l) = lin.lora.take() else { continue };
-        let d = l.delta_weight()?;
-        let w = lin.weight.to_tensor()?.detach();
-        lin.weight = (w.to_dtype(d.dtype())? + d)?.to_dtype(w.dtype())?.into();
+        lin.weight = l.merged_into(&lin.weight.to_tensor()?)?.into();
         n += 1;
     }
     Ok(n)

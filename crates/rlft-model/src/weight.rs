@@ -131,7 +131,7 @@ impl LazyWeight {
     }
 
     /// A matrix, plus `scaling * B @ A` of `lora` when given (computed in the adapter's dtype
-    /// and stored in the weight's, as [`crate::lora::merge_lora`] does).
+    /// and stored in the weight's: [`crate::adapter::LoraAdapter::merged_into`]).
     pub(crate) fn matrix(
         name: String,
         w: &Weight,
@@ -150,11 +150,7 @@ impl LazyWeight {
         match &self.source {
             LazySource::Tensor(t) => Ok(t.clone()),
             LazySource::Matrix(w, None) => w.to_tensor(),
-            LazySource::Matrix(w, Some(l)) => {
-                let base = w.to_tensor()?.detach();
-                let d = l.delta_weight()?;
-                Ok((base.to_dtype(d.dtype())? + d)?.to_dtype(base.dtype())?)
-            }
+            LazySource::Matrix(w, Some(l)) => l.merged_into(&w.to_tensor()?),
         }
     }
 }

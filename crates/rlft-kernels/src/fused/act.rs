@@ -164,7 +164,7 @@ impl CustomOp2 for SwiGlu {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{rand, rel_diff};
+    use super::super::test_util::{grads_of, rand, rel_diff};
     use super::*;
     use candle_core::{DType, Var};
 
@@ -178,18 +178,8 @@ mod tests {
             let got = swiglu(g.as_tensor(), u.as_tensor()).unwrap();
             let want = (g.as_tensor().silu().unwrap() * u.as_tensor()).unwrap();
             assert!(rel_diff(&got, &want) < tol);
-            let g1 = (got * &coef)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-            let g2 = (want * &coef)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
+            let g1 = grads_of(&got, &coef);
+            let g2 = grads_of(&want, &coef);
             for v in [&g, &u] {
                 let d = rel_diff(
                     g1.get(v.as_tensor()).unwrap(),

@@ -526,7 +526,7 @@ pub fn causal_bias(
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{rand, rel_diff};
+    use super::super::test_util::{grads_of, rand, rel_diff};
     use super::*;
     use candle_core::{DType, Device, Var, D};
 
@@ -601,18 +601,8 @@ mod tests {
             let got = attention(&q, k.as_tensor(), &v, &bias, 0.3).unwrap();
             let want = reference(&q, k.as_tensor(), &v, &bias, 0.3);
             assert!(rel_diff(&got, &want) < tol);
-            let g1 = (got * &coef)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-            let g2 = (&want * &coef)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
+            let g1 = grads_of(&got, &coef);
+            let g2 = grads_of(&want, &coef);
             for x in [&qb, &k, &vb] {
                 let dd = rel_diff(
                     g1.get(x.as_tensor()).unwrap(),
@@ -633,12 +623,7 @@ mod tests {
                 .unwrap()
                 .reshape((b, t, h * d))
                 .unwrap();
-            let g3 = (rows * coef_rows)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
+            let g3 = grads_of(&rows, &coef_rows);
             for x in [&qb, &k, &vb] {
                 let dd = rel_diff(
                     g3.get(x.as_tensor()).unwrap(),

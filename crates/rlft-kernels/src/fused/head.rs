@@ -599,7 +599,7 @@ impl CustomOp2 for LmHead {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{rand, rel_diff};
+    use super::super::test_util::{grads_of, rand, rel_diff};
     use super::*;
     use candle_core::{Device, Var, D};
 
@@ -695,18 +695,8 @@ mod tests {
             assert!(!got.track_op());
             return;
         }
-        let g1 = (got * &coef)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let g2 = (want * &coef)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        let g1 = grads_of(&got, &coef);
+        let g2 = grads_of(&want, &coef);
         for (train, var, name) in [(train_x, &xv, "dhidden"), (train_w, &wv, "dweight")] {
             if train {
                 let (a, b) = (g1.get(var).unwrap(), g2.get(var).unwrap());

@@ -9,14 +9,14 @@ use std::borrow::Cow;
 use std::sync::Mutex;
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, WithDType};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
 use super::low_rank::expand;
 pub use super::quant_linear::FrozenBase;
 use super::{contiguous_slice, dispatch, tensor, with_slice};
 use crate::gemm::{gemm, gemm_new};
-use crate::math::Real;
+use crate::math::{as_f32, as_f32_mut, Real};
 
 /// `x [.., k] @ w [n, k]^T (+ bias [n]) -> [.., n]` (CPU f32/f64; leading dims are rows, so no
 /// reshape node is needed around the product). `bias` is a constant (frozen);
@@ -221,19 +221,13 @@ struct LoraLinear {
 /// kernel ([`crate::stream::matmul_wt_rows`]) for f32, which reads `x` once and packs nothing
 /// (faster than gemm on `x @ A^T`, `examples/matmul_bench.rs`); gemm for f64.
 fn narrow_wt<T: Real>(m: usize, r: usize, k: usize, out: &mut [T], x: &[T], a: &[T]) {
-    if T::DTYPE == DType::F32 {
-        // SAFETY: T is f32 (checked), so the slices are reinterpreted as their own type.
-        let (o, xs, as_) = unsafe {
-            (
-                std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut f32, out.len()),
-                std::slice::from_raw_parts(x.as_ptr() as *const f32, x.len()),
-                std::slice::from_raw_parts(a.as_ptr() as *const f32, a.len()),
-            )
-        };
-        crate::stream::matmul_wt_rows(xs, m, k, as_, r, o);
-    } else {
-        gemm(m, r, k, out, x, false, a, true, false);
+    if let (Some(xs), Some(as_)) = (as_f32(x), as_f32(a)) {
+        if let Some(o) = as_f32_mut(out) {
+            crate::stream::matmul_wt_rows(xs, m, k, as_, r, o);
+            return;
+        }
     }
+    gemm(m, r, k, out, x, false, a, true, false);
 }
 
 /// `b [n, r]` transposed, `[r, n]`.
@@ -388,7 +382,7 @@ impl CustomOp3 for LoraLinear {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{rand, rel_diff};
+    use super::super::test_util::{grads_of, rand, rel_diff};
     use super::*;
     use candle_core::{DType, Var};
 
@@ -411,18 +405,8 @@ mod tests {
                     .broadcast_add(&bias)
                     .unwrap();
                 assert!(rel_diff(&got, &want) < tol);
-                let g1 = (got * &coef)
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
-                let g2 = (want * &coef)
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                let g1 = grads_of(&got, &coef);
+                let g2 = grads_of(&want, &coef);
                 let d = |t: &Tensor| rel_diff(g1.get(t).unwrap(), g2.get(t).unwrap());
                 assert!(d(x.as_tensor()) < tol);
                 if train_w {
@@ -478,18 +462,8 @@ mod tests {
                     + delta)
                     .unwrap();
                 assert!(rel_diff(&got, &want) < tol);
-                let g1 = (got * &coef)
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
-                let g2 = (want * &coef)
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                let g1 = grads_of(&got, &coef);
+                let g2 = grads_of(&want, &coef);
                 for v in [&x, &a, &b] {
                     let d = rel_diff(
                         g1.get(v.as_tensor()).unwrap(),

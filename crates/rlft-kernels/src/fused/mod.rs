@@ -108,7 +108,14 @@ pub(crate) use dispatch;
 
 #[cfg(test)]
 pub(crate) mod test_util {
+    use candle_core::backprop::GradStore;
     use candle_core::{DType, Device, Tensor};
+
+    /// The gradients of `sum(out * coef)`: a fused op and its composite are compared through
+    /// the same random linear function of their outputs.
+    pub fn grads_of(out: &Tensor, coef: &Tensor) -> GradStore {
+        (out * coef).unwrap().sum_all().unwrap().backward().unwrap()
+    }
 
     /// Deterministic values in [-1, 1).
     pub fn rand(shape: &[usize], seed: u64, dtype: DType) -> Tensor {

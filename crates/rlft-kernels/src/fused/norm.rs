@@ -164,7 +164,7 @@ impl CustomOp2 for RmsNorm {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{rand, rel_diff};
+    use super::super::test_util::{grads_of, rand, rel_diff};
     use super::*;
     use candle_core::{DType, Var, D};
 
@@ -192,18 +192,8 @@ mod tests {
                 let got = rms_norm(x.as_tensor(), &wt, 1e-5).unwrap();
                 let want = composite(x.as_tensor(), &wt, 1e-5);
                 assert!(rel_diff(&got, &want) < tol, "{dtype:?} values");
-                let g1 = (got * &coef)
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
-                let g2 = (want * &coef)
-                    .unwrap()
-                    .sum_all()
-                    .unwrap()
-                    .backward()
-                    .unwrap();
+                let g1 = grads_of(&got, &coef);
+                let g2 = grads_of(&want, &coef);
                 let dx1 = g1.get(x.as_tensor()).unwrap();
                 let dx2 = g2.get(x.as_tensor()).unwrap();
                 assert!(

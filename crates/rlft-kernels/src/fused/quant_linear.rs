@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use super::linear::rows_in;
 use super::{contiguous_slice, tensor, with_slice};
 use crate::gemm::gemm;
-use crate::math::Real;
+use crate::math::{as_f32, as_f32_mut, Real};
 use crate::quant::QuantWeight;
 
 /// The frozen base product of a linear layer: an f32/f64 tensor, or GGUF blocks (f32 only).
@@ -49,7 +49,7 @@ impl FrozenBase {
                 Ok(())
             }),
             FrozenBase::Quant(q) => {
-                let (x, y) = (as_f32(x)?, as_f32_mut(y)?);
+                let (x, y) = (f32_only(as_f32(x))?, f32_only(as_f32_mut(y))?);
                 q.xwt(x, m, y, true);
                 Ok(())
             }
@@ -70,7 +70,7 @@ impl FrozenBase {
                 Ok(())
             }),
             FrozenBase::Quant(q) => {
-                let (g, dx) = (as_f32(g)?, as_f32_mut(dx)?);
+                let (g, dx) = (f32_only(as_f32(g))?, f32_only(as_f32_mut(dx))?);
                 q.gw(g, m, dx, true);
                 Ok(())
             }
@@ -78,28 +78,9 @@ impl FrozenBase {
     }
 }
 
-/// `x` as `&[f32]` when `T` is f32; quantised weights serve f32 activations only.
-fn as_f32<T: Real>(x: &[T]) -> candle_core::Result<&[f32]> {
-    if T::DTYPE != DType::F32 {
-        candle_core::bail!(
-            "a quantised weight needs f32 activations, got {:?}",
-            T::DTYPE
-        );
-    }
-    // SAFETY: T is f32 (checked above).
-    Ok(unsafe { std::slice::from_raw_parts(x.as_ptr() as *const f32, x.len()) })
-}
-
-/// [`as_f32`] for a mutable slice.
-fn as_f32_mut<T: Real>(x: &mut [T]) -> candle_core::Result<&mut [f32]> {
-    if T::DTYPE != DType::F32 {
-        candle_core::bail!(
-            "a quantised weight needs f32 activations, got {:?}",
-            T::DTYPE
-        );
-    }
-    // SAFETY: T is f32 (checked above).
-    Ok(unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut f32, x.len()) })
+/// A quantised weight multiplies f32 activations only.
+fn f32_only<S>(x: Option<S>) -> candle_core::Result<S> {
+    x.ok_or_else(|| candle_core::Error::Msg("a quantised weight needs f32 activations".into()))
 }
 
 /// `x [.., k] @ W^T (+ bias [n]) -> [.., n]` for blocks `W [n, k]` and a constant `bias`
@@ -178,7 +159,7 @@ impl CustomOp1 for QuantLinear {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{rand, rel_diff};
+    use super::super::test_util::{grads_of, rand, rel_diff};
     use super::*;
     use crate::quant::test_blocks::{random_blocks, reference};
     use candle_core::{Device, Var};
@@ -197,18 +178,8 @@ mod tests {
         let got = quant_linear(x.as_tensor(), &q, Some(&bias)).unwrap();
         let want = super::super::linear::linear(x.as_tensor(), &w, Some(&bias)).unwrap();
         assert!(rel_diff(&got, &want) < 1e-5);
-        let g1 = (got * &coef)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let g2 = (want * &coef)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        let g1 = grads_of(&got, &coef);
+        let g2 = grads_of(&want, &coef);
         let d = rel_diff(
             g1.get(x.as_tensor()).unwrap(),
             g2.get(x.as_tensor()).unwrap(),
@@ -232,18 +203,8 @@ mod tests {
         let got = lora(FrozenBase::Quant(q.clone()));
         let want = lora(FrozenBase::Dense(w.clone()));
         assert!(rel_diff(&got, &want) < 1e-5);
-        let g1 = (got * &coef)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let g2 = (want * &coef)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
+        let g1 = grads_of(&got, &coef);
+        let g2 = grads_of(&want, &coef);
         for v in [&x, &a, &b] {
             let d = rel_diff(
                 g1.get(v.as_tensor()).unwrap(),

@@ -204,7 +204,7 @@ impl CustomOp1 for Rope {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_util::{rand, rel_diff};
+    use super::super::test_util::{grads_of, rand, rel_diff};
     use super::*;
     use candle_core::{DType, Var, D};
 
@@ -237,18 +237,8 @@ mod tests {
             let got = rope(&x, &cos, &sin).unwrap();
             let want = composite(&x, &cos, &sin);
             assert!(rel_diff(&got, &want) < tol);
-            let g1 = (got * &coef)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
-            let g2 = (&want * &coef)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
+            let g1 = grads_of(&got, &coef);
+            let g2 = grads_of(&want, &coef);
             let (d1, d2) = (
                 g1.get(base.as_tensor()).unwrap(),
                 g2.get(base.as_tensor()).unwrap(),
@@ -258,12 +248,7 @@ mod tests {
             let rows = base.as_tensor().reshape((b, t, h * d)).unwrap();
             let got = rope_rows(&rows, h, &cos, &sin).unwrap();
             assert!(rel_diff(&got, &want) < tol);
-            let g3 = (got * &coef)
-                .unwrap()
-                .sum_all()
-                .unwrap()
-                .backward()
-                .unwrap();
+            let g3 = grads_of(&got, &coef);
             assert!(rel_diff(g3.get(base.as_tensor()).unwrap(), d2) < tol);
         }
     }
