@@ -248,3 +248,22 @@ fn bf16_weights_train_with_f32_loss_maths() {
     }
     assert!(w.iter().all(|(_, v)| v.iter().all(|x| x.is_finite())));
 }
+
+#[test]
+fn trl_colocate_default_trains_in_process() {
+    // TRL's `use_vllm = true` with its default `vllm_mode = "colocate"`: rlft's in-process
+    // rollout, the same run as `use_vllm = false`, whatever the server keys say.
+    let dir = tempfile::tempdir().unwrap();
+    let (s, w) = run(&config(dir.path(), ""), &RunOptions::default());
+    let dir2 = tempfile::tempdir().unwrap();
+    let colocated: GrpoConfig = config(
+        dir2.path(),
+        "use_vllm = true\nvllm_server_base_url = \"http://127.0.0.1:9\"",
+    );
+    assert!(!colocated.vllm.on_servers());
+    let (s2, w2) = run(&colocated, &RunOptions::default());
+    for step in 0..3 {
+        assert_eq!(metric(&s, step, "loss"), metric(&s2, step, "loss"));
+    }
+    assert_same_bits(&w, &w2, "colocate = in process");
+}

@@ -11,8 +11,10 @@
 //!   of one generation request (TRL has no per-request limit).
 //! - Weights reach the servers as a PEFT adapter through `/v1/load_lora_adapter` (vLLM's
 //!   runtime-LoRA API), so `use_peft = true` is required; TRL pushes full weights over NCCL.
-//! - `vllm_mode = "colocate"` has no rlft counterpart: the in-process rollout
-//!   (`use_vllm = false`) already shares the trainer's weights.
+//! - `vllm_mode = "colocate"` (TRL's default) is rlft's in-process rollout: generation runs in
+//!   the trainer's process on the trainer's weights, as TRL's colocated vLLM does, so a TRL
+//!   config with `use_vllm = true` and no `vllm_mode` trains as it is. The server keys are
+//!   then unused.
 //! - TOML has no null: `vllm_importance_sampling_clip_max = inf` stands for TRL's `None`.
 //! - `vllm_server_api_key` (rlft's; TRL has no key) is sent as `Authorization: Bearer KEY` to
 //!   servers started with `--api-key` (rlft serve, vLLM); unset, `RLFT_API_KEY` is used. The
@@ -30,7 +32,7 @@ use crate::algo::is_correction::{IsCorrection, IsMode};
 pub enum VllmMode {
     /// A separate server the trainer talks to over HTTP.
     Server,
-    /// vLLM in the trainer's process (TRL's default; not available in rlft).
+    /// Generation in the trainer's process (TRL's default): rlft's own rollout.
     #[default]
     Colocate,
 }
@@ -87,7 +89,8 @@ impl Serialize for Secret {
 pub struct VllmSettings {
     /// Generate on OpenAI-compatible servers instead of in process (TRL `use_vllm`).
     pub use_vllm: bool,
-    /// "server" (the only mode rlft has) or "colocate" (TRL's default, refused with a hint).
+    /// "server" (generate on `vllm_server_base_url`) or "colocate" (TRL's default: in process,
+    /// as with `use_vllm = false`).
     pub vllm_mode: VllmMode,
     /// Base URL of the server, e.g. "http://127.0.0.1:8000", or a list of them; unset =
     /// `http://{vllm_server_host}:{vllm_server_port}`.
@@ -206,16 +209,8 @@ impl VllmSettings {
     /// The checks; `use_peft` is the run's LoRA switch.
     pub fn check(&self, use_peft: bool) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if !self.use_vllm {
+        if !self.on_servers() {
             return Ok(());
-        }
-        if self.vllm_mode == VllmMode::Colocate {
-            return bad(
-                "use_vllm = true with vllm_mode = \"colocate\": rlft has no in-process vLLM; its \
-                 own rollout (use_vllm = false) already runs next to the trainer. Set vllm_mode = \
-                 \"server\" and vllm_server_base_url to use OpenAI-compatible servers"
-                    .into(),
-            );
         }
         if !use_peft {
             return bad(
@@ -288,8 +283,10 @@ mod tests {
         assert!(v.check(true).is_ok());
         let e = v.check(false).unwrap_err().to_string();
         assert!(e.contains("use_peft = true"), "{e}");
+        // Colocated: the in-process rollout, with nothing of the servers checked or used.
         v.vllm_mode = VllmMode::Colocate;
-        assert!(v.check(true).unwrap_err().to_string().contains("vllm_mode"));
+        assert!(v.check(false).is_ok());
+        assert!(!v.on_servers() && v.correction().is_none());
         v.vllm_mode = VllmMode::Server;
         v.vllm_importance_sampling_clip_min = Some(5.0);
         assert!(v.check(true).unwrap_err().to_string().contains("clip_min"));
