@@ -6,9 +6,13 @@
 #   # two `rlft eval --output` files on the same prompts: accuracy of each, prompts gained and lost,
 #   # and the exact two-sided sign test on the changed prompts
 #   python scripts/reference/heldout_prompts.py compare BEFORE.jsonl AFTER.jsonl [--key REWARD]
+#   # an `rlft eval --output` file of tiny_python_expr prompts scored by another harness: the truth
+#   # recomputed from the prompt's expression with Python's own arithmetic (an AST walk, no eval),
+#   # the answer the first \boxed{} (format) or else the last number, compared as numbers
+#   python scripts/reference/heldout_prompts.py rescore EVAL.jsonl
 #
 # Needs `datasets` (the reference venv: ~/.cache/rlft/reference/venv/bin/python) for `filter`.
-import argparse, json, math
+import argparse, ast, json, math, operator, re
 
 
 def prompt_text(prompt):
@@ -51,6 +55,51 @@ def compare_cmd(a):
           f"{gained} gained, {lost} lost; sign test p = {p:.2g}")
 
 
+OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+       ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Div: operator.truediv,
+       ast.Pow: operator.pow}
+
+
+def arith(node):
+    """The value of an arithmetic expression's AST: numbers, + - * / // % **, unary minus."""
+    if isinstance(node, ast.Expression):
+        return arith(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in OPS:
+        return OPS[type(node.op)](arith(node.left), arith(node.right))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = arith(node.operand)
+        return -v if isinstance(node.op, ast.USub) else v
+    raise ValueError(f"not arithmetic: {ast.dump(node)}")
+
+
+def as_number(text):
+    try:
+        return float(text.strip().strip("$").replace(",", "").rstrip("."))
+    except ValueError:
+        return None
+
+
+def rescore_cmd(a):
+    rows = [json.loads(l) for l in open(a.eval)]
+    right = boxed = agree = 0
+    for r in rows:
+        expr = re.search(r"Expression:\s*(.+)", r["prompt"]).group(1).strip()
+        truth = arith(ast.parse(expr, mode="eval"))
+        box = re.search(r"\\boxed\{([^{}]*)\}", r["completion"])
+        nums = re.findall(r"-?\d+(?:\.\d+)?", r["completion"].replace(",", ""))
+        answer = box.group(1) if box and box.group(1).strip() else (nums[-1] if nums else "")
+        value = as_number(answer)
+        ok = value is not None and abs(value - truth) < 1e-9
+        right += ok
+        boxed += bool(box and box.group(1).strip())
+        agree += ok == (r["rewards"].get("python_expr_rule/accuracy", 0) == 1)
+    n = len(rows)
+    print(f"{n} prompts: accuracy {right / n:.3f}, format {boxed / n:.3f} (this harness); "
+          f"rlft's accuracy agrees on {agree} of {n}")
+
+
 ap = argparse.ArgumentParser()
 sub = ap.add_subparsers(dest="cmd", required=True)
 f = sub.add_parser("filter")
@@ -59,5 +108,7 @@ f.add_argument("--max", type=int, default=0)
 c = sub.add_parser("compare")
 c.add_argument("before"); c.add_argument("after")
 c.add_argument("--key", default="python_expr_rule/accuracy")
+r = sub.add_parser("rescore")
+r.add_argument("eval")
 a = ap.parse_args()
-filter_cmd(a) if a.cmd == "filter" else compare_cmd(a)
+{"filter": filter_cmd, "compare": compare_cmd, "rescore": rescore_cmd}[a.cmd](a)
