@@ -88,12 +88,12 @@ def rescore_cmd(a):
         expr = re.search(r"Expression:\s*(.+)", r["prompt"]).group(1).strip()
         truth = arith(ast.parse(expr, mode="eval"))
         box = re.search(r"\\boxed\{([^{}]*)\}", r["completion"])
+        in_box = box.group(1).strip() if box else ""
         nums = re.findall(r"-?\d+(?:\.\d+)?", r["completion"].replace(",", ""))
-        answer = box.group(1) if box and box.group(1).strip() else (nums[-1] if nums else "")
-        value = as_number(answer)
+        value = as_number(in_box or (nums[-1] if nums else ""))
         ok = value is not None and abs(value - truth) < 1e-9
         right += ok
-        boxed += bool(box and box.group(1).strip())
+        boxed += bool(in_box)
         agree += ok == (r["rewards"].get("python_expr_rule/accuracy", 0) == 1)
     n = len(rows)
     print(f"{n} prompts: accuracy {right / n:.3f}, format {boxed / n:.3f} (this harness); "

@@ -49,7 +49,10 @@ impl FrozenBase {
                 Ok(())
             }),
             FrozenBase::Quant(q) => {
-                let (x, y) = (f32_only(as_f32(x))?, f32_only(as_f32_mut(y))?);
+                let (x, y) = (
+                    f32_only::<T, _>(as_f32(x))?,
+                    f32_only::<T, _>(as_f32_mut(y))?,
+                );
                 q.xwt(x, m, y, true);
                 Ok(())
             }
@@ -70,7 +73,10 @@ impl FrozenBase {
                 Ok(())
             }),
             FrozenBase::Quant(q) => {
-                let (g, dx) = (f32_only(as_f32(g))?, f32_only(as_f32_mut(dx))?);
+                let (g, dx) = (
+                    f32_only::<T, _>(as_f32(g))?,
+                    f32_only::<T, _>(as_f32_mut(dx))?,
+                );
                 q.gw(g, m, dx, true);
                 Ok(())
             }
@@ -78,9 +84,14 @@ impl FrozenBase {
     }
 }
 
-/// A quantised weight multiplies f32 activations only.
-fn f32_only<S>(x: Option<S>) -> candle_core::Result<S> {
-    x.ok_or_else(|| candle_core::Error::Msg("a quantised weight needs f32 activations".into()))
+/// A quantised weight multiplies f32 activations only (`T` is the activations' type).
+fn f32_only<T: Real, S>(x: Option<S>) -> candle_core::Result<S> {
+    x.ok_or_else(|| {
+        candle_core::Error::Msg(format!(
+            "a quantised weight needs f32 activations, got {:?}",
+            T::DTYPE
+        ))
+    })
 }
 
 /// `x [.., k] @ W^T (+ bias [n]) -> [.., n]` for blocks `W [n, k]` and a constant `bias`
