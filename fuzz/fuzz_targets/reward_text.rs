@@ -62,6 +62,7 @@ fuzz_target!(|data: &[u8]| {
         prompt: "",
         completion: &completion,
         row: &row,
+        completion_ids: &[],
         completion_tokens: completion.len(),
         truncated: false,
     }];

@@ -183,8 +183,9 @@ pub struct RewardTestArgs {
     /// Config whose `[[rewards]]` (and `reward_weights`) to use.
     #[arg(long, short = 'c')]
     pub config: PathBuf,
-    /// JSONL with one object per line: `completion` (string), optional `prompt`, and the
-    /// dataset columns the rewards read (e.g. `answer`, or `reward_model` with `ground_truth`).
+    /// JSONL with one object per line: `completion` (string), optional `prompt` and
+    /// `completion_ids` (token ids), and the dataset columns the rewards read (e.g. `answer`, or
+    /// `reward_model` with `ground_truth`).
     #[arg(long)]
     pub completions: PathBuf,
     /// Override a config key (repeatable).
@@ -226,13 +227,24 @@ pub fn run_reward(a: RewardArgs) -> Result<()> {
     if rows.is_empty() {
         bail!("{} has no completions", a.completions.display());
     }
+    // Token ids only where the file gives them (a `python` reward's `completion_ids`).
+    let ids: Vec<Vec<u32>> = rows
+        .iter()
+        .map(|r| {
+            r.get("completion_ids")
+                .and_then(|v| serde_json::from_value(v.clone()).ok())
+                .unwrap_or_default()
+        })
+        .collect();
     let samples: Vec<rlft_rewards::Sample<'_>> = rows
         .iter()
-        .map(|r| rlft_rewards::Sample {
+        .zip(&ids)
+        .map(|(r, ids)| rlft_rewards::Sample {
             prompt: r.get("prompt").and_then(Value::as_str).unwrap_or(""),
             completion: r["completion"].as_str().unwrap_or(""),
             row: r,
-            completion_tokens: 0,
+            completion_ids: ids,
+            completion_tokens: ids.len(),
             truncated: false,
         })
         .collect();

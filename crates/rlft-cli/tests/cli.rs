@@ -113,6 +113,61 @@ fn convert_then_inspect_and_tokenize() {
     assert_eq!(t["pieces"], serde_json::json!(["a", "b", "<|im_end|>"]));
 }
 
+/// `rlft reward test` with a `python` reward (TRL's signature): the file's `prompt`, columns
+/// and `completion_ids` reach the function; its exception stops the command with the traceback.
+#[test]
+fn reward_test_runs_a_python_reward() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rewards.py");
+    std::fs::write(
+        &file,
+        "def ids_and_answer(prompts, completions, completion_ids, answer, **kwargs):\n    \
+         if completions[0] == 'boom':\n        raise ValueError('boom')\n    \
+         return [len(ids) + (1.0 if a in c else 0.0) + (0.5 if p.endswith('=') else 0.0)\n            \
+         for p, c, ids, a in zip(prompts, completions, completion_ids, answer)]\n",
+    )
+    .unwrap();
+    let config = dir.path().join("rewards.toml");
+    let spec = format!(
+        "model = \"unused\"\ndataset = \"unused.jsonl\"\n[[rewards]]\ntype = \"python\"\n\
+         name = \"acc\"\npath = {:?}\nfunction = \"ids_and_answer\"\n",
+        file.to_string_lossy()
+    );
+    std::fs::write(&config, spec).unwrap();
+    let completions = dir.path().join("c.jsonl");
+    let score = |lines: &str| {
+        std::fs::write(&completions, lines).unwrap();
+        rlft(&[
+            "reward",
+            "test",
+            "--config",
+            config.to_str().unwrap(),
+            "--completions",
+            completions.to_str().unwrap(),
+        ])
+    };
+    let out = ok(&score(
+        "{\"prompt\": \"1+1=\", \"completion\": \"2\", \"completion_ids\": [5, 6], \"answer\": \"2\"}\n\
+         {\"prompt\": \"2+2\", \"completion\": \"5\", \"answer\": \"4\"}\n",
+    ));
+    let rewards: Vec<f64> = out
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["rewards"]["acc"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(rewards, vec![3.5, 0.0]);
+    let out = score("{\"prompt\": \"x\", \"completion\": \"boom\", \"answer\": \"1\"}\n");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`ids_and_answer` (") && err.contains("ValueError: boom"),
+        "{err}"
+    );
+}
+
 #[test]
 fn bad_inputs_fail_with_clear_messages() {
     let out = rlft(&["generate", "--model", "/nonexistent/model", "hi"]);

@@ -63,6 +63,15 @@ pub enum RewardError {
         /// The URL and what failed.
         message: String,
     },
+    /// A Python reward function (`type = "python"`) raised an exception, or importing its file
+    /// did; the message holds the traceback and which batch was being scored.
+    #[error("reward `{reward}`: {message}")]
+    Python {
+        /// The reward's name.
+        reward: String,
+        /// The function, the file, the batch and the traceback.
+        message: String,
+    },
     /// A reward function returned an unusable result (wrong length, NaN or infinite scores).
     #[error("reward `{reward}`: {message}")]
     Output {
@@ -84,6 +93,7 @@ impl RewardError {
             | RewardError::Process { reward, .. }
             | RewardError::Protocol { reward, .. }
             | RewardError::Http { reward, .. }
+            | RewardError::Python { reward, .. }
             | RewardError::Output { reward, .. } => Some(reward),
         }
     }

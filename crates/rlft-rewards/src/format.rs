@@ -159,6 +159,7 @@ mod tests {
                 prompt: "",
                 completion: t,
                 row: &row,
+                completion_ids: &[],
                 completion_tokens: 0,
                 truncated: false,
             })

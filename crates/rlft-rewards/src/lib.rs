@@ -2,7 +2,8 @@
 //!
 //! Rewards see the *completion text only* (never the prompt and completion joined: the prompt of
 //! the seed example itself contains `\boxed{answer}`), plus the dataset row the prompt came from,
-//! the completion's token count and whether generation was cut at `max_completion_length`.
+//! the completion's token count and ids and whether generation was cut at `max_completion_length`;
+//! the trainers tell them where training stands ([`TrainerState`]) for TRL-style `python` rewards.
 //!
 //! ```
 //! use rlft_rewards::{RewardSet, RewardSpec, Sample};
@@ -19,6 +20,7 @@
 //!     prompt: "Compute (13 * 2)...",
 //!     completion: "\\boxed{26}",
 //!     row: &row,
+//!     completion_ids: &[],
 //!     completion_tokens: 7,
 //!     truncated: false,
 //! }];
@@ -135,6 +137,21 @@
 //! should exit when its stdin closes; stderr is captured and its last lines quoted in errors. See
 //! `docs/rewards.md` for a complete Python example of each.
 //!
+//! ## `python`: a reward function written for TRL
+//!
+//! `def accuracy_reward(completions, ground_truth, **kwargs) -> list[float | None]`, called with
+//! TRL's keyword arguments (`prompts`, `completions`, `completion_ids`, `trainer_state`, every
+//! other dataset column) by a worker process rlft starts once ([`external::python`]).
+//!
+//! ```toml
+//! [[rewards]]
+//! type = "python"
+//! path = "rewards.py"                          # relative to the working directory
+//! function = "accuracy_reward"
+//! timeout_s = 30.0                             # per batch; on timeout the worker is killed
+//! python = "python3"                           # the interpreter (default)
+//! ```
+//!
 //! ## `model`: a reward model
 //!
 //! A reward model's score of prompt + completion (a trained `rlft reward-model`, or any HF
@@ -158,6 +175,8 @@
 
 #![warn(missing_docs)]
 
+use serde::Serialize;
+
 mod error;
 pub mod external;
 pub mod format;
@@ -171,8 +190,8 @@ pub use error::RewardError;
 pub use set::{RewardSet, Scores};
 pub use spec::{
     build_reward, BoxedAccuracySpec, CommandSpec, HttpSpec, IncrementalFormatSpec, LengthSpec,
-    ModelSpec, OverlongSpec, PythonExprRuleSpec, RegexFormatSpec, RepetitionSpec, RewardKind,
-    RewardSpec, StrictFormatSpec,
+    ModelSpec, OverlongSpec, PythonExprRuleSpec, PythonSpec, RegexFormatSpec, RepetitionSpec,
+    RewardKind, RewardSpec, StrictFormatSpec,
 };
 
 /// One completion to score.
@@ -185,6 +204,9 @@ pub struct Sample<'a> {
     pub completion: &'a str,
     /// The dataset row the prompt came from (a JSON object), e.g. holding the ground truth.
     pub row: &'a serde_json::Value,
+    /// The generated token ids (an ending eos included), as TRL's `completion_ids`; empty where
+    /// the caller has no ids (`rlft reward test` scores text).
+    pub completion_ids: &'a [u32],
     /// Number of generated tokens.
     pub completion_tokens: usize,
     /// True when generation stopped at `max_completion_length` instead of an end token.
@@ -219,6 +241,18 @@ impl RewardOutput {
     }
 }
 
+/// Where training stands when a batch is scored: the fields of transformers' `TrainerState`
+/// that TRL hands reward functions as `trainer_state` (curriculum rewards read them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct TrainerState {
+    /// Optimiser steps taken so far (0 outside training).
+    pub global_step: u64,
+    /// Optimiser steps of the whole run (0 outside training).
+    pub max_steps: u64,
+    /// Fractional epochs done.
+    pub epoch: f64,
+}
+
 /// A reward function: scores a batch of completions.
 ///
 /// `score` takes `&mut self` so that functions may keep state (an external process, a cache).
@@ -227,4 +261,10 @@ pub trait Reward: Send {
     fn name(&self) -> &str;
     /// One score per sample of `batch`, in order.
     fn score(&mut self, batch: &[Sample<'_>]) -> Result<RewardOutput, RewardError>;
+    /// Tells the function where training stands; the trainers call it (through
+    /// [`RewardSet::set_trainer_state`]) before each rollout and eval. Functions that do not
+    /// read it ignore it, which is the default.
+    fn set_trainer_state(&mut self, state: TrainerState) {
+        let _ = state;
+    }
 }

@@ -373,6 +373,7 @@ mod tests {
             prompt: "",
             completion,
             row,
+            completion_ids: &[],
             completion_tokens: tokens,
             truncated: false,
         }

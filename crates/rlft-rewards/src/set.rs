@@ -1,7 +1,7 @@
 //! [`RewardSet`]: the trainer's reward functions with their weights, scored together.
 
 use crate::spec::build_reward;
-use crate::{Reward, RewardError, RewardOutput, RewardSpec, Sample};
+use crate::{Reward, RewardError, RewardOutput, RewardSpec, Sample, TrainerState};
 
 /// The reward functions of a trainer, with weights and `on_error` defaults.
 pub struct RewardSet {
@@ -155,6 +155,14 @@ impl RewardSet {
         self.functions.is_empty()
     }
 
+    /// Tells every function where training stands (TRL's `trainer_state`): call it before
+    /// scoring a step's rollout or an eval pass. Until then functions see the default (step 0).
+    pub fn set_trainer_state(&mut self, state: TrainerState) {
+        for function in &mut self.functions {
+            function.set_trainer_state(state);
+        }
+    }
+
     /// Scores `batch` with every function (one after the other) and sums the weighted scores.
     ///
     /// A function that fails falls back to its `on_error` score for the whole batch (counted in
@@ -281,6 +289,7 @@ mod tests {
             prompt: "2+2?",
             completion: c,
             row: &row,
+            completion_ids: &[],
             completion_tokens: t,
             truncated: false,
         };
@@ -336,6 +345,7 @@ mod tests {
             prompt: "",
             completion: c,
             row: &row,
+            completion_ids: &[],
             completion_tokens: 1,
             truncated: false,
         };
@@ -356,6 +366,7 @@ mod tests {
             prompt: "",
             completion: "",
             row: &row,
+            completion_ids: &[],
             completion_tokens: 0,
             truncated: false,
         }];

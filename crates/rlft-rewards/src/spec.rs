@@ -6,6 +6,7 @@ use serde_json::{Map, Value};
 
 use crate::external::command::CommandReward;
 use crate::external::http::HttpReward;
+use crate::external::python::PythonReward;
 use crate::format::{compile, IncrementalFormat, RegexFormat, StrictFormat};
 use crate::rules::{BoxedAccuracy, Length, Overlong, PythonExprRule, Repetition};
 use crate::{Reward, RewardError};
@@ -57,6 +58,8 @@ pub enum RewardKind {
     Repetition(RepetitionSpec),
     /// An external process speaking JSON lines on stdin/stdout.
     Command(CommandSpec),
+    /// A Python function with TRL's reward signature, run by a worker process.
+    Python(PythonSpec),
     /// An HTTP endpoint receiving `{"samples": [...]}`.
     Http(HttpSpec),
     /// A reward model (a `score` head) scoring prompt + completion; loaded by the trainers
@@ -66,7 +69,7 @@ pub enum RewardKind {
 
 impl RewardKind {
     /// Every valid `type`, in declaration order.
-    pub const TYPES: [&'static str; 11] = [
+    pub const TYPES: [&'static str; 12] = [
         "python_expr_rule",
         "boxed_accuracy",
         "strict_format",
@@ -76,6 +79,7 @@ impl RewardKind {
         "overlong",
         "repetition",
         "command",
+        "python",
         "http",
         "model",
     ];
@@ -92,8 +96,9 @@ impl RewardKind {
             RewardKind::Overlong(_) => 6,
             RewardKind::Repetition(_) => 7,
             RewardKind::Command(_) => 8,
-            RewardKind::Http(_) => 9,
-            RewardKind::Model(_) => 10,
+            RewardKind::Python(_) => 9,
+            RewardKind::Http(_) => 10,
+            RewardKind::Model(_) => 11,
         };
         Self::TYPES[i]
     }
@@ -132,6 +137,9 @@ fn thirty() -> f64 {
 }
 fn eight() -> usize {
     8
+}
+fn python3() -> String {
+    "python3".to_string()
 }
 
 /// `type = "python_expr_rule"`.
@@ -235,6 +243,26 @@ pub struct CommandSpec {
     /// per batch, answered by one `{"scores": [...]}` line.
     #[serde(default)]
     pub batch: bool,
+}
+
+/// `type = "python"`: a function `def f(completions, **kwargs) -> list[float | None]` called
+/// with TRL's keyword arguments (see `docs/rewards.md`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PythonSpec {
+    /// The `.py` file defining the function; a relative path is read from the working
+    /// directory (as `command`'s arguments are).
+    pub path: String,
+    /// Name of the function in that file, e.g. `accuracy_reward`.
+    pub function: String,
+    /// Seconds one batch may take before the worker is killed (default 30; a fresh one starts
+    /// on the next batch).
+    #[serde(default = "thirty")]
+    pub timeout_s: f64,
+    /// Interpreter that runs the worker, with the packages the file imports (default `python3`;
+    /// e.g. `.venv/bin/python`).
+    #[serde(default = "python3")]
+    pub python: String,
 }
 
 /// `type = "http"`.
@@ -346,6 +374,22 @@ fn from_map(mut map: Map<String, Value>) -> Result<RewardSpec, String> {
         Some(other) => return Err(format!("`name` must be a non-empty string; got {other}")),
     };
     let label = name.clone().unwrap_or_else(|| ty.clone());
+    if ty == "python" {
+        for (key, what) in [
+            ("path", "the .py file, e.g. path = \"rewards.py\""),
+            (
+                "function",
+                "the function's name, e.g. function = \"accuracy_reward\"",
+            ),
+        ] {
+            if !map.contains_key(key) {
+                return Err(format!(
+                    "reward `{label}`: `{key}` is missing; give {what} (a TRL reward function \
+                     `def f(completions, **kwargs)`)"
+                ));
+            }
+        }
+    }
     let number = |key: &str, v: Value| -> Result<f64, String> {
         v.as_f64()
             .filter(|x| x.is_finite())
@@ -459,6 +503,7 @@ pub fn build_reward(spec: &RewardSpec) -> Result<Box<dyn Reward>, RewardError> {
             })
         }
         RewardKind::Command(k) => Box::new(CommandReward::new(name, k)?),
+        RewardKind::Python(k) => Box::new(PythonReward::new(name, k)?),
         RewardKind::Http(k) => Box::new(HttpReward::new(name, k)?),
         RewardKind::Model(_) => {
             return bad(
@@ -621,6 +666,37 @@ mod tests {
         assert!(e.contains("unknown field `bach_size`"), "{e}");
         let e = build_reward(&s).err().unwrap().to_string();
         assert!(e.contains("reward_set"), "{e}");
+    }
+
+    #[test]
+    fn python_spec_defaults_and_errors() {
+        let s = parse(json!({"type": "python", "path": "r.py", "function": "acc"})).unwrap();
+        assert_eq!(
+            s.kind,
+            RewardKind::Python(PythonSpec {
+                path: "r.py".into(),
+                function: "acc".into(),
+                timeout_s: 30.0,
+                python: "python3".into(),
+            })
+        );
+        assert_eq!(s.display_name(), "python");
+        let e = parse(json!({"type": "python", "name": "acc", "path": "r.py"})).unwrap_err();
+        assert!(
+            e.contains("reward `acc`: `function` is missing")
+                && e.contains("function = \"accuracy_reward\""),
+            "{e}"
+        );
+        let e = parse(json!({"type": "python", "function": "f"})).unwrap_err();
+        assert!(e.contains("`path` is missing"), "{e}");
+        let e =
+            parse(json!({"type": "python", "path": "r.py", "function": "f", "fn": 1})).unwrap_err();
+        assert!(e.contains("unknown field `fn`"), "{e}");
+        let e = build_reward(&s).err().unwrap().to_string();
+        assert!(
+            e.contains("`path` r.py is not a file") && e.contains("working directory"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -42,6 +42,7 @@ fn samples<'a>(completions: &[&'a str], row: &'a Value) -> Vec<Sample<'a>> {
             prompt: "P",
             completion: c,
             row,
+            completion_ids: &[],
             completion_tokens: c.len(),
             truncated: false,
         })

@@ -53,14 +53,33 @@ fn docs_md() -> String {
     })
 }
 
+/// The `rewards.py` of `docs/rewards.md`'s `python` section.
+fn docs_rewards_py(md: &str) -> String {
+    blocks(md, "python")
+        .into_iter()
+        .find(|b| b.starts_with("# rewards.py"))
+        .expect("docs/rewards.md has a ```python block starting `# rewards.py`")
+}
+
 #[test]
 fn toml_snippets_parse_and_build() {
     let mut sources = vec![std::fs::read_to_string(manifest().join("src/lib.rs")).unwrap()];
     sources.push(docs_md());
+    // `python` rewards name a file relative to the working directory: the docs' rewards.py
+    // stands in for it.
+    let dir = tempfile::tempdir().unwrap();
+    let rewards_py = write(dir.path(), "rewards.py", &docs_rewards_py(&sources[1]));
     let mut count = 0;
     for source in &sources {
         for block in blocks(source, "toml") {
-            let config: Config = toml::from_str(&block).unwrap_or_else(|e| panic!("{e}\n{block}"));
+            let mut config: Config =
+                toml::from_str(&block).unwrap_or_else(|e| panic!("{e}\n{block}"));
+            for spec in &mut config.rewards {
+                if let RewardKind::Python(p) = &mut spec.kind {
+                    assert_eq!(p.path, "rewards.py", "{block}");
+                    p.path = rewards_py.clone();
+                }
+            }
             // A `model` reward needs a model: this crate parses it; the trainers build it
             // (crates/rlft/tests/model_reward.rs).
             let (model, rest): (Vec<RewardSpec>, Vec<RewardSpec>) = config
@@ -125,8 +144,8 @@ fn python_examples_work() {
     let scripts = blocks(&md, "python");
     assert_eq!(
         scripts.len(),
-        2,
-        "expected the command and the http examples"
+        3,
+        "expected the python (TRL), command and http examples"
     );
     let dir = tempfile::tempdir().unwrap();
     let row = json!({"answer": 26});
@@ -136,12 +155,15 @@ fn python_examples_work() {
             prompt: "",
             completion: c,
             row: &row,
+            completion_ids: &[],
             completion_tokens: 3,
             truncated: false,
         })
         .collect();
 
-    let command = write(dir.path(), "reward.py", &scripts[0]);
+    let command_script = scripts.iter().find(|s| s.contains("sys.stdin")).unwrap();
+    let server_script = scripts.iter().find(|s| s.contains("http.server")).unwrap();
+    let command = write(dir.path(), "reward.py", command_script);
     let spec: RewardSpec =
         serde_json::from_value(json!({"type": "command", "command": ["python3", command]}))
             .unwrap();
@@ -149,7 +171,7 @@ fn python_examples_work() {
     assert_eq!(out.scores, vec![Some(1.0), Some(0.0)]);
     assert_eq!(out.part("hit"), Some(&[1.0, 0.0][..]));
 
-    let server = write(dir.path(), "server.py", &scripts[1]);
+    let server = write(dir.path(), "server.py", server_script);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -179,4 +201,51 @@ fn python_examples_work() {
     let _ = child.kill();
     let _ = child.wait();
     assert_eq!(result.unwrap().scores, vec![Some(1.0), Some(0.0)]);
+}
+
+#[test]
+fn python_trl_example_works() {
+    let md = docs_md();
+    require_python();
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "rewards.py", &docs_rewards_py(&md));
+    let toml_block = blocks(&md, "toml")
+        .into_iter()
+        .find(|b| b.contains("type = \"python\""))
+        .unwrap();
+    let mut config: Config = toml::from_str(&toml_block).unwrap();
+    for spec in &mut config.rewards {
+        if let RewardKind::Python(p) = &mut spec.kind {
+            p.path = path.clone();
+        }
+    }
+    let mut set = RewardSet::new(&config.rewards, None).unwrap();
+    let chat = json!({"prompt": [{"role": "user", "content": "2 + 2?"}], "ground_truth": "4"});
+    let no_truth = json!({"prompt": [{"role": "user", "content": "Say hi."}]});
+    let batch: Vec<Sample> = [
+        ("<think>2 and 2</think> <answer>4</answer>", &chat),
+        ("<answer>5</answer>", &chat),
+        ("<think>hi</think><answer>hi</answer>", &no_truth),
+    ]
+    .iter()
+    .map(|(c, row)| Sample {
+        prompt: "",
+        completion: c,
+        row,
+        completion_ids: &[],
+        completion_tokens: 3,
+        truncated: false,
+    })
+    .collect();
+    let scores = set.score(&batch).unwrap();
+    // accuracy (weight 1) + 0.2 x format; the row without a ground truth is not applicable.
+    assert_eq!(
+        scores.per_function[0].scores,
+        vec![Some(1.0), Some(0.0), None]
+    );
+    assert_eq!(
+        scores.per_function[1].scores,
+        vec![Some(1.0), Some(0.0), Some(1.0)]
+    );
+    assert_eq!(scores.total, vec![1.2, 0.0, 0.2]);
 }

@@ -86,6 +86,7 @@ fn samples<'a>(completions: &[&'a str], row: &'a Value) -> Vec<Sample<'a>> {
             prompt: "P",
             completion: c,
             row,
+            completion_ids: &[],
             completion_tokens: 3,
             truncated: false,
         })

@@ -60,6 +60,7 @@ fn seed_fixture() {
             prompt: "",
             completion: str_field(c, "completion"),
             row,
+            completion_ids: &[],
             completion_tokens: 0,
             truncated: false,
         })

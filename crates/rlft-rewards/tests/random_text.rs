@@ -195,6 +195,7 @@ fn every_kind_survives_random_batches() {
                 prompt: "",
                 completion: c,
                 row,
+                completion_ids: &[],
                 completion_tokens: c.chars().count(),
                 truncated: false,
             })

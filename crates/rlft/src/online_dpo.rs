@@ -135,6 +135,7 @@ impl Algorithm for OnlineDpo<'_> {
         let o = &self.online;
         let prompts = data.take(self.plan.rollout_prompts);
         let settings = rollout_settings(o, policy, mix(o.args.seed, at.global_step));
+        self.rewards.set_trainer_state(at.into());
         let (samples, scores) = generate_and_score(
             &policy.model,
             &policy.text,

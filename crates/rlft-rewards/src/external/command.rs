@@ -7,7 +7,8 @@
 //! on with the batch's deadline, and a stderr reader keeping the last lines for error messages.
 //!
 //! Any failure (timeout, crash, garbage) kills the process (its whole process group on Unix) and
-//! the next batch starts a fresh one.
+//! the next batch starts a fresh one. [`Process`] is that machinery on its own; the `python`
+//! reward ([`super::python`]) drives one too.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -31,11 +32,23 @@ const STDERR_LINES: usize = 20;
 
 /// The `command` reward.
 pub struct CommandReward {
-    name: String,
+    batch: bool,
+    process: Process,
+}
+
+/// A reward process kept running between batches: started on the first request, sent one
+/// request per batch, read line by line against the batch's deadline, and killed (with its
+/// process group) when it times out, crashes or says something out of protocol. The `command`
+/// and `python` rewards both drive one, so there is a single process manager.
+pub(crate) struct Process {
+    reward: String,
     argv: Vec<String>,
+    /// How messages name the process.
+    shown: String,
+    /// The config key that names the program, for the hint when it cannot start.
+    program_key: &'static str,
     timeout: Duration,
     timeout_s: f64,
-    batch: bool,
     worker: Option<Worker>,
 }
 
@@ -65,18 +78,84 @@ impl CommandReward {
                 "`command` is empty; give the program and its arguments, e.g. command = [\"python3\", \"reward.py\"]",
             ));
         }
+        let shown = format!("`{}`", spec.command.join(" "));
         Ok(CommandReward {
-            timeout: timeout(&name, spec.timeout_s)?,
-            name,
-            argv: spec.command.clone(),
-            timeout_s: spec.timeout_s,
             batch: spec.batch,
-            worker: None,
+            process: Process::new(name, spec.command.clone(), shown, "command", spec.timeout_s)?,
         })
     }
 
-    fn shown(&self) -> String {
-        format!("`{}`", self.argv.join(" "))
+    fn try_score(&mut self, batch: &[Sample<'_>]) -> Result<RewardOutput, RewardError> {
+        let n = batch.len();
+        let payload = if self.batch {
+            let mut body = samples_body(batch);
+            body.push(b'\n');
+            body
+        } else {
+            sample_lines(batch)
+        };
+        let deadline = self.process.send(payload, n)?;
+        if self.batch {
+            let line = self.process.next_line(deadline, 0, n)?;
+            return parse_scores_body(&line, n).map_err(|e| self.process.protocol(e));
+        }
+        let mut collector = Collector::new(n);
+        loop {
+            let i = n - collector.missing();
+            let line = self.process.next_line(deadline, i, n)?;
+            let answer = serde_json::from_str::<Value>(&line)
+                .map_err(|e| e.to_string())
+                .and_then(|v| collector.push(&v));
+            if let Err(why) = answer {
+                return Err(self.process.protocol(format!(
+                    "answer line for sample {i} of {n} is not {EXPECTED_ANSWER}: `{}` ({why}); \
+                     print exactly one answer per sample on stdout and send logs to stderr",
+                    excerpt(&line, 200)
+                )));
+            }
+            if collector.missing() == 0 {
+                return Ok(collector.finish());
+            }
+        }
+    }
+}
+
+impl Reward for CommandReward {
+    fn name(&self) -> &str {
+        &self.process.reward
+    }
+
+    fn score(&mut self, batch: &[Sample<'_>]) -> Result<RewardOutput, RewardError> {
+        if batch.is_empty() {
+            return Ok(RewardOutput::default());
+        }
+        let result = self.try_score(batch);
+        if result.is_err() {
+            self.process.reset(); // the next batch starts a fresh process
+        }
+        result
+    }
+}
+
+impl Process {
+    /// A process running `argv` (not started yet), named `shown` in messages; each batch may
+    /// take `timeout_s` seconds. `program_key` is the config key naming `argv[0]`.
+    pub(crate) fn new(
+        reward: String,
+        argv: Vec<String>,
+        shown: String,
+        program_key: &'static str,
+        timeout_s: f64,
+    ) -> Result<Self, RewardError> {
+        Ok(Process {
+            timeout: timeout(&reward, timeout_s)?,
+            reward,
+            argv,
+            shown,
+            program_key,
+            timeout_s,
+            worker: None,
+        })
     }
 
     fn spawn(&self) -> Result<Worker, RewardError> {
@@ -88,11 +167,11 @@ impl CommandReward {
         #[cfg(unix)]
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = cmd.spawn().map_err(|e| RewardError::Process {
-            reward: self.name.clone(),
+            reward: self.reward.clone(),
             message: format!(
                 "cannot start {}: {e}; check that the program exists, is executable and is on PATH \
-                 (or give its full path in `command`)",
-                self.shown()
+                 (or give its full path in `{}`)",
+                self.shown, self.program_key
             ),
         })?;
         let (stdin, stdout, stderr) =
@@ -100,7 +179,7 @@ impl CommandReward {
                 (Some(i), Some(o), Some(e)) => (i, o, e),
                 _ => unreachable!("all three pipes were requested"),
             };
-        match start_threads(&self.name, stdin, stdout, stderr) {
+        match start_threads(&self.reward, stdin, stdout, stderr) {
             Ok((input, lines, stderr, stderr_done)) => Ok(Worker {
                 child,
                 reaped: false,
@@ -117,10 +196,18 @@ impl CommandReward {
         }
     }
 
-    fn protocol(&self, message: String) -> RewardError {
+    /// A protocol error of this reward.
+    pub(crate) fn protocol(&self, message: String) -> RewardError {
         RewardError::Protocol {
-            reward: self.name.clone(),
+            reward: self.reward.clone(),
             message,
+        }
+    }
+
+    /// Kills the process, if one runs; the next [`Process::send`] starts a fresh one.
+    pub(crate) fn reset(&mut self) {
+        if let Some(mut worker) = self.worker.take() {
+            worker.kill();
         }
     }
 
@@ -133,17 +220,19 @@ impl CommandReward {
         let _ = worker.stderr_done.recv_timeout(Duration::from_millis(500));
         let stderr = worker.stderr_tail();
         RewardError::Process {
-            reward: self.name.clone(),
+            reward: self.reward.clone(),
             message: format!(
                 "reward process {} {status} after answering {answered} of {of} samples; {stderr}",
-                self.shown()
+                self.shown
             ),
         }
     }
 
-    fn try_score(&mut self, batch: &[Sample<'_>]) -> Result<RewardOutput, RewardError> {
+    /// Starts the process if none runs, checks that it printed nothing since the last batch,
+    /// and sends `payload` (the request for a batch of `n` samples). Returns the deadline of
+    /// the answer.
+    pub(crate) fn send(&mut self, payload: Vec<u8>, n: usize) -> Result<Instant, RewardError> {
         let deadline = Instant::now() + self.timeout;
-        let n = batch.len();
         if self.worker.is_none() {
             self.worker = Some(self.spawn()?);
         }
@@ -164,83 +253,50 @@ impl CommandReward {
                 Err(TryRecvError::Empty) => break,
             }
         }
-        let payload = if self.batch {
-            let mut body = samples_body(batch);
-            body.push(b'\n');
-            body
-        } else {
-            sample_lines(batch)
-        };
         if let Some(input) = &worker.input {
             let _ = input.send(payload); // a dead writer means a dead process: reading reports it
         }
-        let mut collector = Collector::new(n);
+        Ok(deadline)
+    }
+
+    /// The next non-blank line of the process's stdout, waiting until `deadline`. A process
+    /// that exits or does not answer in time is killed; `answered` of `n` samples say how far
+    /// the batch got, for the error.
+    pub(crate) fn next_line(
+        &mut self,
+        deadline: Instant,
+        answered: usize,
+        n: usize,
+    ) -> Result<String, RewardError> {
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
-            let worker = self.worker.as_mut().expect("running");
+            let Some(worker) = self.worker.as_mut() else {
+                return Err(self.protocol("the reward process is gone".into()));
+            };
             match worker.lines.recv_timeout(remaining) {
                 Ok(Line::Text(line)) if line.trim().is_empty() => {}
-                Ok(Line::Text(line)) if self.batch => {
-                    return parse_scores_body(&line, n).map_err(|e| self.protocol(e));
+                Ok(Line::Text(line)) => return Ok(line),
+                Ok(Line::Failed(message)) => {
+                    self.reset();
+                    return Err(self.protocol(message));
                 }
-                Ok(Line::Text(line)) => {
-                    let i = n - collector.missing();
-                    let answer = serde_json::from_str::<Value>(&line)
-                        .map_err(|e| e.to_string())
-                        .and_then(|v| collector.push(&v));
-                    if let Err(why) = answer {
-                        return Err(self.protocol(format!(
-                            "answer line for sample {i} of {n} is not {EXPECTED_ANSWER}: `{}` ({why}); \
-                             print exactly one answer per sample on stdout and send logs to stderr",
-                            excerpt(&line, 200)
-                        )));
-                    }
-                    if collector.missing() == 0 {
-                        return Ok(collector.finish());
-                    }
-                }
-                Ok(Line::Failed(message)) => return Err(self.protocol(message)),
                 Ok(Line::Eof) | Err(RecvTimeoutError::Disconnected) => {
-                    let answered = if self.batch {
-                        0
-                    } else {
-                        n - collector.missing()
-                    };
-                    return Err(self.crashed(answered, n));
+                    return Err(self.crashed(answered, n))
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    let answered = n - collector.missing();
+                    self.reset();
                     return Err(RewardError::Timeout {
-                        reward: self.name.clone(),
+                        reward: self.reward.clone(),
                         seconds: self.timeout_s,
                         detail: format!(
                             "process {} answered {answered} of {n} samples; it was killed and starts \
                              again on the next batch",
-                            self.shown()
+                            self.shown
                         ),
                     });
                 }
             }
         }
-    }
-}
-
-impl Reward for CommandReward {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn score(&mut self, batch: &[Sample<'_>]) -> Result<RewardOutput, RewardError> {
-        if batch.is_empty() {
-            return Ok(RewardOutput::default());
-        }
-        let result = self.try_score(batch);
-        if result.is_err() {
-            if let Some(mut worker) = self.worker.take() {
-                worker.kill(); // the next batch starts a fresh process
-            }
-        }
-        result
     }
 }
 

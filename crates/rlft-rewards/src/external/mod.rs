@@ -1,5 +1,6 @@
-//! External rewards: a long-running process speaking JSON lines ([`command`]) and an HTTP
-//! endpoint ([`http`]), with the wire format they share.
+//! External rewards: a long-running process speaking JSON lines ([`command`]), a Python
+//! function with TRL's signature run by such a process ([`python`]) and an HTTP endpoint
+//! ([`http`]), with the wire format they share.
 //!
 //! A sample travels as
 //! `{"prompt": "...", "completion": "...", "row": {...}, "completion_tokens": 7, "truncated": false}`
@@ -8,6 +9,7 @@
 
 pub mod command;
 pub mod http;
+pub mod python;
 
 use serde::Serialize;
 use serde_json::Value;
@@ -214,6 +216,7 @@ mod tests {
             prompt: "p",
             completion: "c",
             row: &row,
+            completion_ids: &[],
             completion_tokens: 2,
             truncated: true,
         }];

@@ -295,6 +295,7 @@ fn check_reward_columns(
         prompt: &first.text,
         completion: "",
         row: &first.row,
+        completion_ids: &[],
         completion_tokens: 0,
         truncated: false,
     };

@@ -104,6 +104,7 @@ impl Grpo<'_> {
         let cfg = self.cfg;
         let want = self.plan.rollout_prompts;
         let seed = mix(cfg.args.seed, at.global_step);
+        self.rewards.set_trainer_state(at.into());
         // Servers sample from the adapter of this step: push it first (once per step).
         let served = match &mut self.servers {
             Some(pool) => Some(timed(times, "push_adapter", || {
@@ -666,6 +667,7 @@ impl OnlineLogs {
             return Ok(None);
         }
         let settings = eval_settings(cfg, &policy.generation.eos_token_ids, policy.pad_id);
+        rewards.set_trainer_state(at.into());
         let r = evaluate(&policy.model, &policy.text, eval, rewards, &settings)?;
         let keep = self.num_completions_to_log.max(1) * 2;
         let scored = (&self.names[..], &r.scores);

@@ -23,6 +23,7 @@ pub fn score_samples(
             prompt: &items[s.prompt].text,
             completion: &s.text,
             row: &items[s.prompt].row,
+            completion_ids: &s.completion_ids,
             completion_tokens: s.completion_ids.len(),
             truncated: s.truncated,
         })

@@ -130,6 +130,17 @@ pub struct Position {
     pub epoch: f64,
 }
 
+impl From<Position> for rlft_rewards::TrainerState {
+    /// What reward functions see as TRL's `trainer_state`.
+    fn from(at: Position) -> Self {
+        rlft_rewards::TrainerState {
+            global_step: at.global_step,
+            max_steps: at.total_steps,
+            epoch: at.epoch,
+        }
+    }
+}
+
 /// An algorithm plugged into the run core: what is its own, nothing else.
 pub trait Algorithm: Send {
     /// One unit of work between checkpoint boundaries: a rollout (online algorithms) or one
