@@ -7,7 +7,7 @@
 //! on with the batch's deadline, and a stderr reader keeping the last lines for error messages.
 //!
 //! Any failure (timeout, crash, garbage) kills the process (its whole process group on Unix) and
-//! the next batch starts a fresh one. [`Process`] is that machinery on its own; the `python`
+//! the next batch starts a fresh one. `Process` is that machinery on its own; the `python`
 //! reward ([`super::python`]) drives one too.
 
 use std::collections::VecDeque;

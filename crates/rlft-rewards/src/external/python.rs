@@ -2,7 +2,7 @@
 //! `def reward(completions, **kwargs) -> list[float | None]`, run by a long-lived worker.
 //!
 //! rlft starts `python -u -c <python_worker.py> PATH FUNCTION` once (through the same
-//! [`Process`] machinery as `command`: deadline per batch, process-group kill, stderr tail,
+//! `Process` machinery as `command`: deadline per batch, process-group kill, stderr tail,
 //! restart after a failure) and sends it one JSON line per batch; the worker calls the function
 //! with the keyword arguments TRL's `GRPOTrainer._calculate_rewards` passes (`prompts`,
 //! `completions`, `completion_ids`, `trainer_state`, every other dataset column) and answers
