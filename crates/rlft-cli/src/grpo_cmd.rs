@@ -5,11 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::OnlineConfig;
 use rlft::config::online_dpo::OnlineDpoConfig;
 use rlft::config::TrainerConfig;
-use rlft::grpo::setup::{eval_prompts, reward_set};
-use rlft::grpo::{eval_settings, prepare, train};
+use rlft::online::setup::{eval_prompts, reward_set};
+use rlft::online::{eval_settings, prepare, train};
 use rlft::rollout::eval::{evaluate, sample_reward_parts};
 use serde_json::{json, Value};
 
@@ -35,12 +35,12 @@ fn metrics_obj(m: &[(String, f64)]) -> Value {
 /// Runs `rlft grpo`, `rlft rloo` or `rlft ppo`: one trainer, the command's defaults in `C`.
 pub fn run<C>(a: GrpoArgs) -> Result<()>
 where
-    C: TrainerConfig + AsRef<GrpoConfig>,
+    C: TrainerConfig + AsRef<OnlineConfig>,
 {
     let (cfg, summary): (C, _) = train_cmd::run(
         &a.train,
         |c: &C, m: &std::path::Path, d: &candle_core::Device| prepare(c.as_ref(), m, d),
-        |c: &C, p: &mut rlft::grpo::Prepared, o: &rlft::run::RunOptions| train(c.as_ref(), p, o),
+        |c: &C, p: &mut rlft::online::Prepared, o: &rlft::run::RunOptions| train(c.as_ref(), p, o),
     )?;
     finish(&cfg, &summary)
 }
@@ -105,7 +105,7 @@ pub struct EvalArgs {
 
 /// Runs `rlft eval`: scores a model on the config's eval prompts with its rewards.
 pub fn run_eval(a: EvalArgs) -> Result<()> {
-    let mut cfg = GrpoConfig::load(&a.config, &a.set)?;
+    let mut cfg = OnlineConfig::load(&a.config, &a.set)?;
     if let Some(m) = a.model {
         cfg.args.model = m;
     }
@@ -196,7 +196,7 @@ pub struct RewardTestArgs {
 /// Runs `rlft reward test`: prints one JSON line per completion and a summary.
 pub fn run_reward(a: RewardArgs) -> Result<()> {
     let RewardCommand::Test(a) = a.command;
-    let cfg = GrpoConfig::load(&a.config, &a.set)?;
+    let cfg = OnlineConfig::load(&a.config, &a.set)?;
     // A `model` reward's adapter `base` may name the config's `model`: resolve it only then.
     let model_path = if cfg.rewards.iter().any(|r| r.kind.type_name() == "model") {
         models::resolve(&cfg.args.model)?

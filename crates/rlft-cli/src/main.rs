@@ -132,7 +132,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::RewardModel(a) => reward_model_cmd::run(a),
         Command::Dpo(a) => dpo_cmd::run(a),
         Command::Score(a) => reward_model_cmd::run_score(a),
-        Command::Grpo(a) => grpo_cmd::run::<rlft::config::grpo::GrpoConfig>(a),
+        Command::Grpo(a) => grpo_cmd::run::<rlft::config::online::GrpoConfig>(a),
         Command::Rloo(a) => grpo_cmd::run::<rlft::config::online::RlooConfig>(a),
         Command::Ppo(a) => grpo_cmd::run::<rlft::config::online::PpoConfig>(a),
         Command::OnlineDpo(a) => grpo_cmd::run_online_dpo(a),

@@ -7,9 +7,9 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use rlft::config::dpo::DpoConfig;
-use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::OnlineConfig;
 use rlft::config::online::{PpoConfig, RlooConfig};
 use rlft::config::online_dpo::OnlineDpoConfig;
 use rlft::config::reward::RewardConfig;
@@ -22,6 +22,7 @@ use rlft::plan::{
     sft_lengths, suggest, CriticShape, DpoReference, Environment, ModelDims, Plan, RunShape,
     Suggestion, Tuning, Workload,
 };
+use rlft::trainers::Trainer;
 use serde_json::json;
 
 use crate::models;
@@ -34,51 +35,18 @@ const RUNTIME_BYTES: u64 = 24 << 20;
 /// Share of the available memory a plan may use before it counts as not fitting.
 const BUDGET_SHARE: f64 = 0.9;
 
-/// Which trainer a config is for.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Trainer {
-    /// `rlft grpo` configs.
-    Grpo,
-    /// `rlft rloo` configs (RLOO's defaults: beta 0.05, 2 generations).
-    Rloo,
-    /// `rlft ppo` configs (PPO's defaults; the critic starts from `model`).
-    Ppo,
-    /// `rlft sft` configs.
-    Sft,
-    /// `rlft dpo` configs.
-    Dpo,
-    /// `rlft reward-model` configs.
-    RewardModel,
-    /// `rlft online-dpo` configs.
-    OnlineDpo,
-}
-
-impl Trainer {
-    /// The command's name.
-    fn name(self) -> &'static str {
-        match self {
-            Trainer::Grpo => "grpo",
-            Trainer::Rloo => "rloo",
-            Trainer::Ppo => "ppo",
-            Trainer::Sft => "sft",
-            Trainer::Dpo => "dpo",
-            Trainer::RewardModel => "reward-model",
-            Trainer::OnlineDpo => "online-dpo",
-        }
-    }
-}
-
 /// `rlft plan`.
 #[derive(Args, Debug)]
 pub struct PlanArgs {
-    /// The trainer the config is for (its defaults apply). Default: the one trainer whose
+    /// The trainer the config is for (grpo, rloo, ppo, sft, dpo, reward-model, online-dpo; its
+    /// defaults apply). Default: the one trainer whose
     /// config takes all its keys (num_generations... online; packing SFT; precompute_ref_log_probs
     /// or a DPO loss_type such as "sigmoid" DPO; center_rewards_coefficient the reward model;
     /// rewards with max_new_tokens online-dpo); among the online ones
     /// `advantage_estimator = "gae"` or a critic key such as vf_coef is ppo,
     /// `advantage_estimator = "rloo"` or normalize_advantages rloo, the rest grpo. When the keys
     /// fit several (max_length alone: sft, dpo or reward-model), name the trainer.
-    #[arg(value_enum)]
+    #[arg(value_name = "TRAINER")]
     pub trainer: Option<Trainer>,
     /// The run's TOML config.
     #[arg(long, short = 'c')]
@@ -143,7 +111,7 @@ fn model(name: &str) -> Result<(PathBuf, rlft_model::load::ModelMetadata)> {
 /// PPO's critic of `cfg` (none without `value_model`); when the value model cannot be read,
 /// a copy of the policy's model, with a note.
 fn critic(
-    cfg: &GrpoConfig,
+    cfg: &OnlineConfig,
     meta: &rlft_model::load::ModelMetadata,
     notes: &mut Vec<String>,
 ) -> Option<CriticShape> {
@@ -201,7 +169,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
                 (_, Some(o)) => o.online(),
                 (Trainer::Rloo, _) => RlooConfig::load(&a.config, &a.set)?.0,
                 (Trainer::Ppo, _) => PpoConfig::load(&a.config, &a.set)?.0,
-                _ => GrpoConfig::load(&a.config, &a.set)?,
+                _ => OnlineConfig::load(&a.config, &a.set)?,
             };
             let (model_path, meta) = model(&cfg.args.model)?;
             let l = lengths(a.worst_case, "max_prompt_length", &mut notes, |from_data| {

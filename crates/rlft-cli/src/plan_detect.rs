@@ -2,7 +2,7 @@
 //! (`rlft plan --config X.toml` without a trainer).
 //!
 //! Every trainer rejects keys it does not know, so a config fits the trainers whose keys
-//! (with the shared [`TRAINING_KEYS`]) include all of its own; a key no trainer knows is left
+//! ([`Trainer::keys`], from the registry) include all of its own; a key no trainer knows is left
 //! to the config loader's "did you mean" error. Values narrow further: a `loss_type` that
 //! names a DPO loss ("sigmoid", "ipo"...) is DPO's or Online DPO's, any other the online
 //! trainers'; Online DPO needs `[[rewards]]` or `reward_model_path`. Within the online family (GRPO, RLOO, PPO, one
@@ -12,15 +12,7 @@
 
 use anyhow::{bail, Result};
 use rlft::algo::dpo_loss::DpoLossType;
-use rlft::config::args::TRAINING_KEYS;
-use rlft::config::dpo::DPO_KEYS;
-use rlft::config::grpo::{ALIASES, GRPO_KEYS};
-use rlft::config::online::ONLINE_ALIASES;
-use rlft::config::online_dpo::ONLINE_DPO_KEYS;
-use rlft::config::reward::REWARD_KEYS;
-use rlft::config::sft::SFT_KEYS;
-
-use crate::plan_cmd::Trainer;
+use rlft::trainers::Trainer;
 
 /// Keys only PPO's critic reads (canonical and aliases): a config with one is for `rlft ppo`.
 const CRITIC_KEYS: &[&str] = &[
@@ -34,60 +26,21 @@ const CRITIC_KEYS: &[&str] = &[
     "lambd",
 ];
 
-/// The trainers whose configs differ in keys (GRPO, RLOO and PPO share one set).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Family {
-    Online,
-    Sft,
-    Dpo,
-    RewardModel,
-    OnlineDpo,
-}
-
-const FAMILIES: [Family; 5] = [
-    Family::Online,
-    Family::Sft,
-    Family::Dpo,
-    Family::RewardModel,
-    Family::OnlineDpo,
+/// One trainer per key set: GRPO stands for the online family (GRPO, RLOO and PPO share one).
+const FAMILIES: [Trainer; 5] = [
+    Trainer::Grpo,
+    Trainer::Sft,
+    Trainer::Dpo,
+    Trainer::RewardModel,
+    Trainer::OnlineDpo,
 ];
 
-impl Family {
-    /// Whether this trainer's config takes `k` at the top level.
-    fn takes(self, k: &str) -> bool {
-        TRAINING_KEYS.contains(&k)
-            || match self {
-                Family::Online => {
-                    GRPO_KEYS.contains(&k)
-                        || ALIASES
-                            .iter()
-                            .chain(ONLINE_ALIASES)
-                            .any(|(a, _, _)| *a == k)
-                        || CRITIC_KEYS.contains(&k)
-                        || matches!(
-                            k,
-                            "rollout_batch_size"
-                                | "train_batch_size"
-                                | "num_mini_batches"
-                                | "normalize_advantages"
-                        )
-                }
-                Family::Sft => SFT_KEYS.contains(&k),
-                Family::Dpo => DPO_KEYS.contains(&k),
-                Family::RewardModel => REWARD_KEYS.contains(&k),
-                Family::OnlineDpo => ONLINE_DPO_KEYS.contains(&k),
-            }
-    }
-
-    /// How the error names it.
-    fn command(self) -> &'static str {
-        match self {
-            Family::Online => "grpo (or rloo, ppo)",
-            Family::Sft => "sft",
-            Family::Dpo => "dpo",
-            Family::RewardModel => "reward-model",
-            Family::OnlineDpo => "online-dpo",
-        }
+/// How the error names a family.
+fn command(t: Trainer) -> String {
+    if t.is_online() {
+        "grpo (or rloo, ppo)".into()
+    } else {
+        t.name().into()
     }
 }
 
@@ -102,33 +55,32 @@ fn dpo_losses(v: &toml::Value) -> bool {
 
 /// The trainer of `table` (see the module docs).
 pub fn detect(table: &toml::Table) -> Result<Trainer> {
+    let taken: Vec<Vec<String>> = FAMILIES.iter().map(|f| f.keys()).collect();
+    let takes = |f: usize, k: &str| taken[f].iter().any(|t| t == k);
     let keys: Vec<&str> = table
         .keys()
         .map(String::as_str)
-        .filter(|k| FAMILIES.iter().any(|f| f.takes(k)))
+        .filter(|k| (0..FAMILIES.len()).any(|f| takes(f, k)))
         .collect();
     let dpo_loss = table.get("loss_type").map(dpo_losses);
-    let fits: Vec<Family> = FAMILIES
-        .into_iter()
-        .filter(|f| keys.iter().all(|k| f.takes(k)))
+    let fits: Vec<Trainer> = (0..FAMILIES.len())
+        .filter(|&f| keys.iter().all(|k| takes(f, k)))
+        .map(|f| FAMILIES[f])
         .filter(|f| {
             !matches!(
                 (f, dpo_loss),
-                (Family::Online, Some(true)) | (Family::Dpo | Family::OnlineDpo, Some(false))
+                (Trainer::Grpo, Some(true)) | (Trainer::Dpo | Trainer::OnlineDpo, Some(false))
             )
         })
         .filter(|f| {
-            *f != Family::OnlineDpo
+            *f != Trainer::OnlineDpo
                 || table.contains_key("rewards")
                 || table.contains_key("reward_model_path")
         })
         .collect();
     match fits.as_slice() {
-        [Family::Online] => Ok(online(table, &keys)),
-        [Family::Sft] => Ok(Trainer::Sft),
-        [Family::Dpo] => Ok(Trainer::Dpo),
-        [Family::RewardModel] => Ok(Trainer::RewardModel),
-        [Family::OnlineDpo] => Ok(Trainer::OnlineDpo),
+        [Trainer::Grpo] => Ok(online(table, &keys)),
+        [one] => Ok(*one),
         [] => bail!(
             "no trainer takes all of this config's keys ({}); say which trainer it is for: \
              `rlft plan grpo --config ...` (or rloo, ppo, sft, dpo, reward-model, online-dpo), \
@@ -138,14 +90,11 @@ pub fn detect(table: &toml::Table) -> Result<Trainer> {
         many => bail!(
             "cannot tell which trainer this config is for: its keys fit {}; say which: {}",
             many.iter()
-                .map(|f| f.command())
+                .map(|f| command(*f))
                 .collect::<Vec<_>>()
                 .join(", "),
             many.iter()
-                .map(|f| format!(
-                    "`rlft plan {} --config ...`",
-                    f.command().split(' ').next().unwrap_or("grpo")
-                ))
+                .map(|f| format!("`rlft plan {} --config ...`", f.name()))
                 .collect::<Vec<_>>()
                 .join(" or ")
         ),

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::OnlineConfig;
 use rlft::config::TrainerConfig;
-use rlft::grpo::setup::{eval_prompts, prompts, reward_set, sampling_settings, EVAL_BATCH};
+use rlft::online::setup::{eval_prompts, prompts, reward_set, sampling_settings, EVAL_BATCH};
 use rlft::rollout::pairs::{reference_replies, sampled_pairs, PairSettings, SampledPairs};
 use rlft_data::synth::{save_splits, SaveFormats};
 use rlft_data::{load_dataset, Dataset};
@@ -64,7 +64,7 @@ pub struct SampledPreferencesArgs {
 
 /// Runs `rlft data sampled-preferences`.
 pub fn run(a: SampledPreferencesArgs) -> Result<()> {
-    let mut cfg = GrpoConfig::load(&a.config, &a.set)?;
+    let mut cfg = OnlineConfig::load(&a.config, &a.set)?;
     if let Some(m) = &a.model {
         cfg.args.model = m.clone();
     }

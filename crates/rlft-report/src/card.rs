@@ -115,7 +115,7 @@ pub struct Card {
 }
 
 /// LightRFT names a raw `config.toml` may use for the keys the card shows (the typed config in
-/// `run_summary.json` has the TRL names; `rlft::config::grpo::ALIASES` is the full list).
+/// `run_summary.json` has the TRL names; `rlft::config::online::ALIASES` is the full list).
 const ALIASES: [(&str, &str); 7] = [
     ("num_generations", "n_samples_per_prompt"),
     ("per_device_train_batch_size", "micro_train_batch_size"),

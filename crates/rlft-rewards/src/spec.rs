@@ -509,7 +509,7 @@ pub fn build_reward(spec: &RewardSpec) -> Result<Box<dyn Reward>, RewardError> {
             return bad(
                 "a `model` reward loads a model, which this crate does not: build the reward \
                  set with the trainers' builder (`rlft grpo`, `rloo`, `ppo`, `eval` and \
-                 `reward test` do; in Rust `rlft::grpo::setup::reward_set`)"
+                 `reward test` do; in Rust `rlft::online::setup::reward_set`)"
                     .into(),
             )
         }

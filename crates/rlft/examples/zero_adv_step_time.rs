@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::Device;
-use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::OnlineConfig;
 use rlft::config::TrainerConfig;
-use rlft::grpo::{prepare, train, train_scoring_every_row};
+use rlft::online::{prepare, train, train_scoring_every_row};
 use rlft::run::RunOptions;
 use serde_json::{json, Value};
 
@@ -35,7 +35,7 @@ fn sum(rows: &[Value], key: &str) -> f64 {
     rows.iter().filter_map(|r| r[key].as_f64()).sum()
 }
 
-fn run(cfg: &GrpoConfig, model: &Path, skip: bool) -> (Vec<Value>, f64) {
+fn run(cfg: &OnlineConfig, model: &Path, skip: bool) -> (Vec<Value>, f64) {
     let opts = RunOptions {
         resume: false,
         stop_after: None,
@@ -68,7 +68,7 @@ fn main() {
     for (name, skip) in [("skipping", true), ("scoring_every_row", false)] {
         let mut sets = overrides.to_vec();
         sets.push(format!("output_dir={}", base.join(name).display()));
-        let cfg = GrpoConfig::load(Path::new(config), &sets).expect("config");
+        let cfg = OnlineConfig::load(Path::new(config), &sets).expect("config");
         let (rows, wall) = run(&cfg, Path::new(model), skip);
         let col =
             |k: &str| -> Vec<f64> { rows.iter().map(|r| r[k].as_f64().unwrap_or(0.0)).collect() };

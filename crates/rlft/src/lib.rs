@@ -21,13 +21,13 @@ pub mod config;
 pub mod data;
 pub mod dpo;
 pub mod error;
-pub mod grpo;
+pub mod online;
 pub mod online_dpo;
 pub mod plan;
-pub mod ppo;
 pub mod reward_model;
 pub mod rollout;
 pub mod run;
 pub mod sft;
+pub mod trainers;
 
 pub use error::TrainerError;

@@ -18,15 +18,15 @@ use rlft_rewards::{RewardSet, Scores};
 use crate::algo::advantage::mean;
 use crate::algo::compute_advantages;
 use crate::algo::dpo_loss::{dpo_loss, sequence_logps, DpoLogps, DpoLossConfig, DpoStats};
-use crate::config::grpo::{BatchPlan, GrpoConfig};
+use crate::config::online::{BatchPlan, OnlineConfig};
 use crate::config::online_dpo::OnlineDpoConfig;
 use crate::data::prompts::PromptItem;
 use crate::data::DataCursor;
 use crate::error::{Result, TrainerError};
-use crate::grpo::advantages::shaped_rewards;
-use crate::grpo::setup::rollout_settings;
-use crate::grpo::trainer::OnlineLogs;
-use crate::grpo::Prepared;
+use crate::online::advantages::shaped_rewards;
+use crate::online::setup::rollout_settings;
+use crate::online::trainer::OnlineLogs;
+use crate::online::Prepared;
 use crate::rollout::stats::rollout_metrics;
 use crate::rollout::{
     generate_and_score, no_grad_passes, policy_pass, MicroRows, NoGradPasses, Sample, ScoreOptions,
@@ -54,7 +54,7 @@ pub struct PairRollout {
 /// Loads the policy, prompts and rewards as the online trainers do; LoRA dropout off with
 /// `disable_dropout`.
 pub fn prepare(cfg: &OnlineDpoConfig, model_path: &Path, device: &Device) -> Result<Prepared> {
-    let mut p = crate::grpo::prepare(&cfg.online(), model_path, device)?;
+    let mut p = crate::online::prepare(&cfg.online(), model_path, device)?;
     if cfg.disable_dropout {
         crate::run::setup::disable_lora_dropout(&mut p.policy.model);
     }
@@ -68,7 +68,7 @@ pub fn rank_pairs(rewards: &[f64]) -> Vec<bool> {
 
 struct OnlineDpo<'a> {
     cfg: &'a OnlineDpoConfig,
-    online: GrpoConfig,
+    online: OnlineConfig,
     reference: Option<&'a CausalLm>,
     train: &'a [PromptItem],
     eval: &'a [PromptItem],
@@ -289,7 +289,7 @@ impl Algorithm for OnlineDpo<'_> {
         first: bool,
         times: &Metrics,
     ) -> Metrics {
-        crate::grpo::trainer::online_step_metrics(&r.metrics, out, first, times)
+        crate::online::trainer::online_step_metrics(&r.metrics, out, first, times)
     }
 
     fn on_logged(&mut self, r: &PairRollout, step: u64, first_of_unit: bool) -> Result<()> {

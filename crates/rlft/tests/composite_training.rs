@@ -10,7 +10,7 @@
 
 mod common;
 
-use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::OnlineConfig;
 use rlft::run::RunOptions;
 use rlft_model::bench::process;
 use rlft_model::config::Family;
@@ -31,7 +31,7 @@ fn bf16_full_fine_tuning_on_the_tensor_path_keeps_memory_flat_over_steps() {
     let params = c.num_parameters() as f64;
     save_tiny_hf_dir(c, 1, &dir.path().join("model")).unwrap();
     let peak_after = |steps: usize| {
-        let cfg: GrpoConfig = common::online::config(
+        let cfg: OnlineConfig = common::online::config(
             dir.path(),
             &format!(
                 "max_steps = {steps}\nbf16 = true\noutput_dir = {:?}",

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use rlft::config::dpo::DpoConfig;
-use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::OnlineConfig;
 use rlft::config::online::{PpoConfig, RlooConfig};
 use rlft::config::online_dpo::OnlineDpoConfig;
 use rlft::config::sft::SftConfig;
@@ -35,7 +35,7 @@ fn grpo_example_configs_parse() {
                 "cpu_rloo" => load::<RlooConfig>(&path).0,
                 "cpu_ppo" => load::<PpoConfig>(&path).0,
                 "cpu_online_dpo" => load::<OnlineDpoConfig>(&path).online(),
-                _ => load::<GrpoConfig>(&path),
+                _ => load::<OnlineConfig>(&path),
             };
             let plan = cfg.plan(128);
             assert!(plan.total_steps > 0, "{}", path.display());
@@ -49,7 +49,7 @@ fn grpo_example_configs_parse() {
     );
     // The seed mirror's batch arithmetic is the seed's: 16 prompts x 4 samples per rollout,
     // 4 optimiser steps of 16 completions each.
-    let seed = GrpoConfig::load(&dir.join("config.toml"), &[]).unwrap();
+    let seed = OnlineConfig::load(&dir.join("config.toml"), &[]).unwrap();
     let p = seed.plan(128);
     assert_eq!(
         (
@@ -75,7 +75,7 @@ fn preference_example_configs_parse() {
     assert!(dpo.args.use_peft);
     let rm: rlft::config::reward::RewardConfig = load(&dir.join("rm.toml"));
     assert_eq!(rm.center_rewards_coefficient, Some(0.01));
-    let grpo: GrpoConfig = load(&dir.join("grpo_rm.toml"));
+    let grpo: OnlineConfig = load(&dir.join("grpo_rm.toml"));
     assert_eq!(grpo.rewards.len(), 1);
     assert_eq!(grpo.rewards[0].kind.type_name(), "model");
     assert!(grpo.plan(128).total_steps > 0);

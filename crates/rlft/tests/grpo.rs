@@ -8,9 +8,9 @@ mod common;
 use std::path::Path;
 
 use candle_core::Device;
-use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::OnlineConfig;
 use rlft::config::TrainerConfig;
-use rlft::grpo::prepare;
+use rlft::online::prepare;
 use rlft::run::RunOptions;
 
 use common::assert_same_bits;
@@ -154,14 +154,14 @@ fn lora_with_kl_trains_adapters_only() {
 #[test]
 fn bad_inputs_fail_with_the_fix() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg: GrpoConfig = config(dir.path(), "");
+    let mut cfg: OnlineConfig = config(dir.path(), "");
     // A reward reading a column the data lacks.
     let text = format!(
         "model = \"{}\"\ndataset = \"{}\"\n[[rewards]]\ntype = \"boxed_accuracy\"\nanswer_field = \"solution\"\n",
         cfg.args.model,
         cfg.args.dataset.display()
     );
-    let bad = GrpoConfig::from_table(text.parse().unwrap(), "t").unwrap();
+    let bad = OnlineConfig::from_table(text.parse().unwrap(), "t").unwrap();
     let e = prepare(&bad, Path::new(&bad.args.model), &Device::Cpu)
         .err()
         .unwrap()
@@ -177,7 +177,7 @@ fn bad_inputs_fail_with_the_fix() {
             cfg.args.model,
             cfg.args.dataset.display()
         );
-        let bad = GrpoConfig::from_table(text.parse().unwrap(), "t").unwrap();
+        let bad = OnlineConfig::from_table(text.parse().unwrap(), "t").unwrap();
         let e = prepare(&bad, Path::new(&bad.args.model), &Device::Cpu)
             .err()
             .unwrap()
@@ -256,7 +256,7 @@ fn trl_colocate_default_trains_in_process() {
     let dir = tempfile::tempdir().unwrap();
     let (s, w) = run(&config(dir.path(), ""), &RunOptions::default());
     let dir2 = tempfile::tempdir().unwrap();
-    let colocated: GrpoConfig = config(
+    let colocated: OnlineConfig = config(
         dir2.path(),
         "use_vllm = true\nvllm_server_base_url = \"http://127.0.0.1:9\"",
     );

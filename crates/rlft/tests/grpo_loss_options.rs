@@ -8,16 +8,16 @@ mod common;
 use std::path::Path;
 
 use candle_core::Device;
-use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::OnlineConfig;
 use rlft::config::TrainerConfig;
-use rlft::grpo::{prepare, train, GrpoSummary};
+use rlft::online::{prepare, train, OnlineSummary};
 use rlft::run::RunOptions;
 use rlft_model::config::Family;
 use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
 
 /// A tiny-model GRPO config (as `tests/grpo.rs`'s) with `rewards` (TOML `[[rewards]]` tables),
 /// `extra` keys overriding the base ones.
-fn config(dir: &Path, extra: &str, rewards: &str) -> GrpoConfig {
+fn config(dir: &Path, extra: &str, rewards: &str) -> OnlineConfig {
     let model = dir.join("model");
     if !model.exists() {
         save_tiny_hf_dir(tiny_config(Family::Qwen2), 1, &model).unwrap();
@@ -53,13 +53,13 @@ temperature = 30.0
     for (k, v) in extra.parse::<toml::Table>().unwrap() {
         table.insert(k, v);
     }
-    GrpoConfig::from_table(table, "test.toml").unwrap()
+    OnlineConfig::from_table(table, "test.toml").unwrap()
 }
 
 const DIGIT: &str = "[[rewards]]\ntype = \"regex_format\"\nname = \"digit\"\npattern = \"[a-z]\"\n";
 
 /// Trains `cfg`; returns the summary and the largest weight change.
-fn train_and_diff(cfg: &GrpoConfig) -> (GrpoSummary, f32) {
+fn train_and_diff(cfg: &OnlineConfig) -> (OnlineSummary, f32) {
     let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
     let before = common::weights(&p.policy);
     let s = train(cfg, &mut p, &RunOptions::default()).unwrap();
@@ -72,7 +72,7 @@ fn train_and_diff(cfg: &GrpoConfig) -> (GrpoSummary, f32) {
     (s, moved)
 }
 
-fn metric(s: &GrpoSummary, step: usize, key: &str) -> Option<f64> {
+fn metric(s: &OnlineSummary, step: usize, key: &str) -> Option<f64> {
     s.steps[step]
         .iter()
         .find(|(k, _)| k == key)
@@ -208,7 +208,7 @@ fn conflicting_options_fail_with_the_fix() {
     config(dir.path(), "", DIGIT); // writes the model and data
     let bad = |extra: &str| -> String {
         let text = format!("model = \"m\"\ndataset = \"d.jsonl\"\n{extra}\n{DIGIT}",);
-        GrpoConfig::from_table(text.parse().unwrap(), "t.toml")
+        OnlineConfig::from_table(text.parse().unwrap(), "t.toml")
             .err()
             .unwrap_or_else(|| panic!("{extra} should fail"))
             .to_string()

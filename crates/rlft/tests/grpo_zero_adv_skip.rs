@@ -14,8 +14,8 @@ use std::path::Path;
 use candle_core::Device;
 use common::assert_same_bits;
 use common::online::{config, metric};
-use rlft::config::grpo::GrpoConfig;
-use rlft::grpo::{prepare, train, train_scoring_every_row, GrpoSummary};
+use rlft::config::online::OnlineConfig;
+use rlft::online::{prepare, train, train_scoring_every_row, OnlineSummary};
 use rlft::run::RunOptions;
 use rlft_rewards::{Reward, RewardError, RewardOutput, RewardSet, Sample};
 
@@ -69,11 +69,11 @@ impl Reward for TestReward {
 
 /// Trains `cfg` with `scoring`, leaving zero-advantage rows out or not (`skip`).
 fn run(
-    cfg: &GrpoConfig,
+    cfg: &OnlineConfig,
     scoring: Scoring,
     skip: bool,
     opts: &RunOptions,
-) -> (GrpoSummary, Weights) {
+) -> (OnlineSummary, Weights) {
     let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
     p.rewards = RewardSet::with_builder(&cfg.rewards, None, |_| {
         Ok(Box::new(TestReward { scoring, scored: 0 }))
@@ -90,7 +90,7 @@ fn run(
 /// Groups of 4 in micro-batches of 3 (a group straddles two), 3 groups per optimiser step, 6
 /// per rollout used twice (`num_iterations = 2`: the second pass has ratios off 1, so clipping
 /// happens): 4 steps, micro-batches that lose some rows and micro-batches that vanish.
-fn cfg(dir: &Path, extra: &str) -> GrpoConfig {
+fn cfg(dir: &Path, extra: &str) -> OnlineConfig {
     let base = "per_device_train_batch_size = 3\ngradient_accumulation_steps = 4\n\
                 generation_batch_size = 24\nnum_iterations = 2\nmax_steps = 4\n\
                 weight_decay = 0.1\n";
@@ -122,7 +122,7 @@ fn max_rel_diff(a: &Weights, b: &Weights) -> f64 {
 /// Skipping and scoring every row give the same steps and weights; checks that some rows were
 /// skipped, in vanished micro-batches and beside scored rows, and not all. Returns the
 /// skipping run's summary.
-fn assert_same_run(what: &str, extra: &str) -> GrpoSummary {
+fn assert_same_run(what: &str, extra: &str) -> OnlineSummary {
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let opts = RunOptions::default();
     let (skip, ws) = run(
@@ -145,7 +145,7 @@ fn assert_same_run(what: &str, extra: &str) -> GrpoSummary {
             assert!(close(a, b, 1e-6), "{what} step {step}: {key} {a} vs {b}");
         }
         for key in ["clip_ratio/region_mean", "cispo_clip_ratio"] {
-            let find = |s: &GrpoSummary| s.step_values(key).get(step).copied();
+            let find = |s: &OnlineSummary| s.step_values(key).get(step).copied();
             match (find(&skip), find(&full)) {
                 (Some(a), Some(b)) => assert!((a - b).abs() < 1e-9, "{what}: {key} {a} vs {b}"),
                 (a, b) => assert_eq!(a.is_some(), b.is_some(), "{what}: {key}"),

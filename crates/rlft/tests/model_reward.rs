@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 use common::online::config;
-use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::OnlineConfig;
 use rlft::config::online::PpoConfig;
-use rlft::grpo::{prepare, train};
+use rlft::online::{prepare, train};
 use rlft::reward_model::score::score_dataset;
 use rlft::run::RunOptions;
 use rlft_model::config::Family;
@@ -151,7 +151,7 @@ fn grpo_logs_the_reward_models_scores() {
         data.display(),
         rm_dir.display()
     );
-    let cfg: GrpoConfig = config(dir.path(), &extra);
+    let cfg: OnlineConfig = config(dir.path(), &extra);
     let mut p = prepare(&cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
     let s = train(&cfg, &mut p, &RunOptions::default()).unwrap();
     let rm = load_score_model(&rm_dir, None, &LoadOptions::default()).unwrap();
@@ -208,7 +208,7 @@ fn ppo_takes_the_reward_model_as_reward_and_critic() {
 }
 
 fn load_error(dir: &Path, reward: &str) -> String {
-    let cfg: GrpoConfig = config(dir, &format!("[[rewards]]\n{reward}"));
+    let cfg: OnlineConfig = config(dir, &format!("[[rewards]]\n{reward}"));
     match prepare(&cfg, Path::new(&cfg.args.model), &Device::Cpu) {
         Ok(_) => panic!("{reward} loaded"),
         Err(e) => e.to_string(),
@@ -220,7 +220,7 @@ fn config_errors_name_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // The policy's own directory: a causal LM, no score head.
-    let _: GrpoConfig = config(d, "");
+    let _: OnlineConfig = config(d, "");
     let lm = d.join("model");
     let e = load_error(d, &format!("type = \"model\"\npath = \"{}\"", lm.display()));
     assert!(
@@ -238,7 +238,7 @@ fn config_errors_name_the_fix() {
     let table: toml::Table = "model = \"m\"\n[[rewards]]\ntype = \"model\"\nweight = 1.0"
         .parse()
         .unwrap();
-    let e = <GrpoConfig as rlft::config::TrainerConfig>::from_table(table, "x.toml")
+    let e = <OnlineConfig as rlft::config::TrainerConfig>::from_table(table, "x.toml")
         .err()
         .unwrap()
         .to_string();

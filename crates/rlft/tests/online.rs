@@ -9,9 +9,9 @@ use std::path::Path;
 use candle_core::Device;
 use common::assert_same_bits;
 use common::online::{config, max_diff, metric, run};
-use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::OnlineConfig;
 use rlft::config::online::{PpoConfig, RlooConfig};
-use rlft::grpo::{prepare, train};
+use rlft::online::{prepare, train};
 use rlft::run::RunOptions;
 
 const ESTIMATORS: [&str; 3] = ["rloo", "reinforce", "reinforce_baseline"];
@@ -24,8 +24,8 @@ fn extra(est: &str, more: &str) -> String {
 fn each_estimator_is_deterministic_and_trains() {
     for est in ESTIMATORS {
         let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let a: GrpoConfig = config(d1.path(), &extra(est, ""));
-        let b: GrpoConfig = config(d2.path(), &extra(est, ""));
+        let a: OnlineConfig = config(d1.path(), &extra(est, ""));
+        let b: OnlineConfig = config(d2.path(), &extra(est, ""));
         let (sa, wa) = run(&a, &RunOptions::default());
         let (sb, wb) = run(&b, &RunOptions::default());
         for step in 0..3 {
@@ -53,8 +53,8 @@ fn each_estimator_is_deterministic_and_trains() {
 fn each_estimator_is_split_invariant_and_resumes_exactly() {
     for est in ESTIMATORS {
         let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let a: GrpoConfig = config(d1.path(), &extra(est, ""));
-        let b: GrpoConfig = config(
+        let a: OnlineConfig = config(d1.path(), &extra(est, ""));
+        let b: OnlineConfig = config(
             d2.path(),
             &extra(
                 est,
@@ -75,9 +75,9 @@ fn each_estimator_is_split_invariant_and_resumes_exactly() {
 
         let more = "max_steps = 4\nnum_iterations = 2\nsave_steps = 2";
         let (d3, d4) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let full: GrpoConfig = config(d3.path(), &extra(est, more));
+        let full: OnlineConfig = config(d3.path(), &extra(est, more));
         let (sf, wf) = run(&full, &RunOptions::default());
-        let part: GrpoConfig = config(d4.path(), &extra(est, more));
+        let part: OnlineConfig = config(d4.path(), &extra(est, more));
         let stop = RunOptions {
             stop_after: Some(2),
             ..Default::default()
@@ -104,7 +104,7 @@ fn rloo_command_defaults_and_dynamic_sampling() {
 
     // Temperature 30 makes most groups mixed; a strict reward makes many all-zero groups.
     let d2 = tempfile::tempdir().unwrap();
-    let ds: GrpoConfig = config(
+    let ds: OnlineConfig = config(
         d2.path(),
         "dynamic_sampling = true\nmax_num_gen_batches = 3\ntemperature = 1.0\n\
          [[rewards]]\ntype = \"regex_format\"\nname = \"digit\"\npattern = \"^[0-9]\"",
@@ -128,7 +128,7 @@ fn run_ppo(
     cfg: &PpoConfig,
     opts: &RunOptions,
 ) -> (
-    rlft::grpo::GrpoSummary,
+    rlft::online::OnlineSummary,
     Vec<(String, Vec<f32>)>,
     Vec<(String, Vec<f32>)>,
 ) {

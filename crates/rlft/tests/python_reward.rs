@@ -7,7 +7,7 @@ mod common;
 
 use common::assert_same_bits;
 use common::online::{config, metric, run};
-use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::OnlineConfig;
 use rlft::run::RunOptions;
 use serde_json::Value;
 
@@ -58,12 +58,12 @@ fn python_reward_trains_as_the_builtin_it_mirrors() {
          function = \"has_letter\" }}]",
         file.to_string_lossy()
     );
-    let cfg: GrpoConfig = config(dir.path(), &extra);
+    let cfg: OnlineConfig = config(dir.path(), &extra);
     let (s, w) = run(&cfg, &RunOptions::default());
     assert_eq!(s.global_step, 2);
 
     let builtin_dir = tempfile::tempdir().unwrap();
-    let builtin: GrpoConfig = config(builtin_dir.path(), "max_steps = 2");
+    let builtin: OnlineConfig = config(builtin_dir.path(), "max_steps = 2");
     let (b, wb) = run(&builtin, &RunOptions::default());
     for step in 0..2 {
         for key in ["reward", "rewards/digit/mean", "loss"] {

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use candle_core::Device;
-use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::OnlineConfig;
 use rlft::config::online::{PpoConfig, RlooConfig};
 use rlft::config::TrainerConfig;
 use rlft::run::RunOptions;
@@ -102,11 +102,11 @@ fn case_keys(case: Case) -> &'static str {
 }
 
 /// The case's config read with its command's defaults.
-fn load_config(case: Case, path: &Path, sets: &[String]) -> Result<GrpoConfig> {
+fn load_config(case: Case, path: &Path, sets: &[String]) -> Result<OnlineConfig> {
     Ok(match case {
         Case::Rloo => RlooConfig::load(path, sets)?.0,
         Case::Ppo => PpoConfig::load(path, sets)?.0,
-        _ => GrpoConfig::load(path, sets)?,
+        _ => OnlineConfig::load(path, sets)?,
     })
 }
 
@@ -169,11 +169,11 @@ pub fn bench_online(
     let cfg_path = dir.path().join(format!("{}.toml", case.name()));
     std::fs::write(&cfg_path, toml_text)?;
     let cfg = load_config(case, &cfg_path, sets)?;
-    let mut p = rlft::grpo::prepare(&cfg, model, device)?;
+    let mut p = rlft::online::prepare(&cfg, model, device)?;
     let load_s = t0.elapsed().as_secs_f64();
     let meter = Meter::start();
     rlft_kernels::op_time::take();
-    let s = rlft::grpo::train(&cfg, &mut p, &RunOptions::default())?;
+    let s = rlft::online::train(&cfg, &mut p, &RunOptions::default())?;
     let get = |m: &[(String, f64)], k: &str| {
         m.iter()
             .find(|(n, _)| n == k)

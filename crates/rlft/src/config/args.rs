@@ -40,15 +40,6 @@ impl Default for LoraSettings {
     }
 }
 
-/// Keys of [`LoraSettings`].
-pub const LORA_KEYS: &[&str] = &[
-    "r",
-    "lora_alpha",
-    "lora_dropout",
-    "target_modules",
-    "use_rslora",
-];
-
 /// The learning-rate schedule after warmup (transformers' `lr_scheduler_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -206,41 +197,6 @@ impl Default for TrainingArgs {
     }
 }
 
-/// Top-level keys of [`TrainingArgs`] (with `lora`, a table of [`LORA_KEYS`]).
-pub const TRAINING_KEYS: &[&str] = &[
-    "model",
-    "output_dir",
-    "dataset",
-    "dataset_split",
-    "eval_dataset",
-    "eval_split",
-    "system_prompt",
-    "learning_rate",
-    "lr_scheduler_type",
-    "min_lr_rate",
-    "warmup_ratio",
-    "warmup_steps",
-    "weight_decay",
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-    "max_grad_norm",
-    "per_device_train_batch_size",
-    "gradient_accumulation_steps",
-    "num_train_epochs",
-    "max_steps",
-    "logging_steps",
-    "eval_steps",
-    "save_steps",
-    "save_total_limit",
-    "report_to",
-    "seed",
-    "bf16",
-    "gradient_checkpointing",
-    "use_peft",
-    "lora",
-];
-
 impl TrainingArgs {
     /// Whether TensorBoard event files are written.
     pub fn tensorboard(&self) -> bool {
@@ -300,4 +256,15 @@ impl TrainingArgs {
         }
         Ok(())
     }
+}
+
+/// Top-level keys of [`TrainingArgs`] (with `lora`, a table of [`lora_keys`]), derived from
+/// the struct.
+pub fn training_keys() -> Vec<String> {
+    super::keys_of(&TrainingArgs::default())
+}
+
+/// Keys of the `[lora]` table, derived from [`LoraSettings`].
+pub fn lora_keys() -> Vec<String> {
+    super::keys_of(&LoraSettings::default())
 }

@@ -6,19 +6,17 @@
 
 pub mod args;
 pub mod dpo;
-pub mod grpo;
 pub mod online;
 pub mod online_dpo;
 pub mod reward;
 pub mod sft;
-pub mod vllm;
 
 use std::path::Path;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-pub use args::{LoraSettings, LrSchedulerType, ReportTo, TrainingArgs, LORA_KEYS, TRAINING_KEYS};
+pub use args::{lora_keys, training_keys, LoraSettings, LrSchedulerType, ReportTo, TrainingArgs};
 
 /// Config errors; each message says which key and how to fix it.
 #[derive(Debug, thiserror::Error)]
@@ -58,8 +56,15 @@ pub enum ConfigError {
 /// TOML) plus the algorithm's own keys. Loading, key checks, overrides and validation of the
 /// shared part live here once; an algorithm declares its keys, defaults and own checks.
 pub trait TrainerConfig: Serialize + DeserializeOwned + Default {
-    /// The algorithm's own top-level keys (besides [`TRAINING_KEYS`]).
-    const KEYS: &'static [&'static str];
+    /// The algorithm's own top-level keys (besides [`training_keys`]): every field of its
+    /// config, derived from the struct.
+    fn keys() -> Vec<String> {
+        let shared = training_keys();
+        keys_of(&Self::default())
+            .into_iter()
+            .filter(|k| !shared.contains(k))
+            .collect()
+    }
 
     /// The shared settings.
     fn args(&self) -> &TrainingArgs;
@@ -95,18 +100,21 @@ pub trait TrainerConfig: Serialize + DeserializeOwned + Default {
 
     /// Builds from a parsed TOML table (`origin` names it in errors).
     fn from_table(mut table: toml::Table, origin: &str) -> Result<Self, ConfigError> {
-        let mut valid: Vec<&str> = TRAINING_KEYS.to_vec();
-        valid.extend(Self::KEYS);
+        let (shared, own_keys, lora) = (training_keys(), Self::keys(), lora_keys());
+        let shared: Vec<&str> = shared.iter().map(String::as_str).collect();
+        let mut valid: Vec<&str> = shared.clone();
+        valid.extend(own_keys.iter().map(String::as_str));
         valid.extend(Self::alias_keys());
-        check_keys(&table, "", &valid, &[("lora", LORA_KEYS)])?;
+        let lora: Vec<&str> = lora.iter().map(String::as_str).collect();
+        check_keys(&table, "", &valid, &[("lora", &lora)])?;
         Self::resolve_aliases(&mut table)?;
         let defaults = Self::default();
-        let args = take_section(&mut table, TRAINING_KEYS, defaults.args(), origin)?;
+        let args = take_section(&mut table, &shared, defaults.args(), origin)?;
         // The algorithm's own keys read over its defaults (several commands share one config
         // type with different defaults, as TRL's RLOOConfig and GRPOConfig do).
         let mut own = toml::Table::try_from(&defaults)
             .map_err(|e| ConfigError::Invalid(format!("defaults of {origin}: {e}")))?;
-        for k in TRAINING_KEYS {
+        for k in &shared {
             own.remove(*k);
         }
         own.extend(table);
@@ -258,18 +266,13 @@ pub fn read_table(path: &Path) -> Result<toml::Table, ConfigError> {
     })
 }
 
-/// Checks that the keys `cfg` serialises to are exactly [`TRAINING_KEYS`] and `C::KEYS` (its
-/// optional fields set), so the key lists that unknown-key errors use cannot drift.
-#[cfg(test)]
-pub(crate) fn assert_keys_are_fields<C: TrainerConfig>(cfg: &C) {
-    let d = toml::Value::try_from(cfg).unwrap();
-    let keys: Vec<&String> = d.as_table().unwrap().keys().collect();
-    assert_eq!(keys.len(), C::KEYS.len() + TRAINING_KEYS.len());
-    for k in keys {
-        assert!(
-            C::KEYS.contains(&k.as_str()) || TRAINING_KEYS.contains(&k.as_str()),
-            "{k} is not in the key lists"
-        );
+/// The top-level keys `value` serialises to, in the order its struct declares them (flattened
+/// sections in place, `None` fields included): every key list of the configs comes from here, so
+/// none is kept by hand.
+pub fn keys_of<T: Serialize>(value: &T) -> Vec<String> {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::Object(map)) => map.keys().cloned().collect(),
+        other => unreachable!("a config serialises to a map, not {other:?}"),
     }
 }
 

@@ -20,8 +20,7 @@ use rlft_rewards::{ModelSpec, RewardKind, RewardSpec};
 use serde::{Deserialize, Serialize};
 
 use super::args::{LrSchedulerType, TrainingArgs};
-use super::grpo::GrpoConfig;
-use super::online::EstimatorSettings;
+use super::online::{EstimatorSettings, OnlineConfig};
 use super::{ConfigError, TrainerConfig};
 use crate::algo::dpo_loss::{DpoLossConfig, DpoLossType};
 use crate::data::LengthPolicy;
@@ -143,31 +142,7 @@ impl Default for OnlineDpoConfig {
     }
 }
 
-/// The Online DPO keys besides [`super::TRAINING_KEYS`].
-pub const ONLINE_DPO_KEYS: &[&str] = &[
-    "prompt_column",
-    "max_new_tokens",
-    "max_length",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "missing_eos_penalty",
-    "beta",
-    "loss_type",
-    "label_smoothing",
-    "disable_dropout",
-    "reward_weights",
-    "eval_max_prompts",
-    "num_completions_to_log",
-    "rewards",
-    "reward_model_path",
-];
-
 impl TrainerConfig for OnlineDpoConfig {
-    const KEYS: &'static [&'static str] = ONLINE_DPO_KEYS;
-
     fn args(&self) -> &TrainingArgs {
         &self.args
     }
@@ -252,11 +227,11 @@ impl OnlineDpoConfig {
     /// The online trainers' view of this config: two completions per prompt, one optimiser
     /// step per rollout, the reference pass on (`beta > 0`), the missing-EOS penalty on the
     /// reward. Prompt loading, sampling, scoring, the reference and eval read it.
-    pub fn online(&self) -> GrpoConfig {
+    pub fn online(&self) -> OnlineConfig {
         let mut args = self.args.clone();
         args.per_device_train_batch_size *= 2;
-        let d = GrpoConfig::default();
-        GrpoConfig {
+        let d = OnlineConfig::default();
+        OnlineConfig {
             args,
             prompt_column: self.prompt_column.clone(),
             max_prompt_length: self.max_length.saturating_sub(self.max_new_tokens),

@@ -74,19 +74,7 @@ impl Default for RewardConfig {
     }
 }
 
-/// The reward-model keys besides [`super::TRAINING_KEYS`].
-pub const REWARD_KEYS: &[&str] = &[
-    "eval_size",
-    "max_length",
-    "center_rewards_coefficient",
-    "disable_dropout",
-    "score_init",
-    "initializer_range",
-];
-
 impl TrainerConfig for RewardConfig {
-    const KEYS: &'static [&'static str] = REWARD_KEYS;
-
     fn args(&self) -> &TrainingArgs {
         &self.args
     }
@@ -147,21 +135,6 @@ mod tests {
             .unwrap();
         assert_eq!(c.center_rewards_coefficient, Some(0.01));
         assert_eq!(c.score_init, ScoreInit::Zeros);
-    }
-
-    #[test]
-    fn every_listed_key_is_a_field() {
-        crate::config::assert_keys_are_fields(&RewardConfig {
-            args: TrainingArgs {
-                dataset: "x".into(),
-                eval_dataset: Some("y".into()),
-                eval_split: Some("test".into()),
-                system_prompt: Some("s".into()),
-                ..Default::default()
-            },
-            center_rewards_coefficient: Some(0.01),
-            ..Default::default()
-        });
     }
 
     #[test]

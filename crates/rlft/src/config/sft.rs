@@ -44,12 +44,7 @@ impl Default for SftConfig {
     }
 }
 
-/// The SFT keys besides [`super::TRAINING_KEYS`].
-pub const SFT_KEYS: &[&str] = &["eval_size", "max_length", "truncation", "packing"];
-
 impl TrainerConfig for SftConfig {
-    const KEYS: &'static [&'static str] = SFT_KEYS;
-
     fn args(&self) -> &TrainingArgs {
         &self.args
     }
@@ -94,20 +89,6 @@ mod tests {
         let c = SftConfig::from_table(t, "x").unwrap();
         assert_eq!(c.args.max_steps, 5);
         assert!(c.args.use_peft);
-    }
-
-    #[test]
-    fn every_listed_key_is_a_field() {
-        crate::config::assert_keys_are_fields(&SftConfig {
-            args: TrainingArgs {
-                dataset: "x".into(),
-                eval_dataset: Some("y".into()),
-                eval_split: Some("test".into()),
-                system_prompt: Some("s".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        });
     }
 
     #[test]

@@ -12,13 +12,13 @@ use super::{
     ModelRewardShape, PlanError, RewardModelShape, RunShape, SftShape, Tuning, Workload,
 };
 use crate::config::dpo::DpoConfig;
-use crate::config::grpo::GrpoConfig;
+use crate::config::online::OnlineConfig;
 use crate::config::online_dpo::OnlineDpoConfig;
 use crate::config::reward::RewardConfig;
 use crate::config::sft::SftConfig;
 use crate::config::{LoraSettings, TrainingArgs};
 use crate::data::sft::{build_example, fit_length, LengthReport, SftFormat};
-pub use crate::grpo::setup::EVAL_BATCH;
+pub use crate::online::setup::EVAL_BATCH;
 
 /// Where the lengths of a plan come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -53,14 +53,14 @@ pub struct SftLengths {
 }
 
 fn longest_prompt(
-    cfg: &GrpoConfig,
+    cfg: &OnlineConfig,
     text: &TextBundle,
     path: &std::path::Path,
     split: Option<&str>,
 ) -> Result<(usize, usize), PlanError> {
     let ds = load_dataset(path, split)?;
-    let (items, _) =
-        crate::grpo::setup::prompts(cfg, &ds, text).map_err(|e| PlanError::Data(e.to_string()))?;
+    let (items, _) = crate::online::setup::prompts(cfg, &ds, text)
+        .map_err(|e| PlanError::Data(e.to_string()))?;
     let longest = items.iter().map(|i| i.ids.len()).max().unwrap_or(0);
     Ok((items.len(), longest))
 }
@@ -69,11 +69,11 @@ fn longest_prompt(
 /// chat template renders them (the trainer's own code); else `max_prompt_length`. Eval prompts
 /// follow the trainer's rule (`eval_dataset`, else `eval_split`, else a `test` split).
 pub fn grpo_lengths(
-    cfg: &GrpoConfig,
+    cfg: &OnlineConfig,
     text: &TextBundle,
     read_data: bool,
 ) -> Result<GrpoLengths, PlanError> {
-    let eval_source = crate::grpo::setup::eval_source(cfg);
+    let eval_source = crate::online::setup::eval_source(cfg);
     let cap = |n: usize| {
         if cfg.eval_max_prompts > 0 {
             n.min(cfg.eval_max_prompts)
@@ -392,7 +392,7 @@ pub fn run_shape_reward_model(
 /// `base_model_name_or_path`) with its LM head. Each scores sequences of the longest prompt
 /// plus `max_completion_length` tokens, cut to its `max_length`.
 pub fn model_rewards(
-    cfg: &GrpoConfig,
+    cfg: &OnlineConfig,
     policy: &std::path::Path,
     lengths: &GrpoLengths,
 ) -> Result<Vec<ModelRewardShape>, PlanError> {
@@ -446,7 +446,7 @@ pub fn model_rewards(
 /// then; else `value_model`'s own config (a causal LM, or a `*ForSequenceClassification`
 /// directory without an LM head).
 pub fn critic_shape(
-    cfg: &GrpoConfig,
+    cfg: &OnlineConfig,
     policy: &ModelMetadata,
 ) -> Result<Option<CriticShape>, PlanError> {
     let Some(v) = &cfg.estimator.value_model else {
@@ -476,13 +476,13 @@ pub fn critic_shape(
 /// The run shape of an online (GRPO, RLOO, PPO) config with its prompt lengths and, for PPO,
 /// its critic ([`critic_shape`]).
 pub fn run_shape_grpo(
-    cfg: &GrpoConfig,
+    cfg: &OnlineConfig,
     lengths: &GrpoLengths,
     critic: Option<CriticShape>,
     reward_models: Vec<ModelRewardShape>,
 ) -> Result<RunShape, PlanError> {
     let plan = cfg.plan(1);
-    let passes = crate::grpo::setup::passes(cfg, &plan);
+    let passes = crate::online::setup::passes(cfg, &plan);
     let workload = Workload::Grpo(GrpoShape {
         num_generations: cfg.num_generations,
         rollout_prompts: plan.rollout_prompts,

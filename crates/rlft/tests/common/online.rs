@@ -5,9 +5,9 @@
 use std::path::Path;
 
 use candle_core::Device;
-use rlft::config::grpo::GrpoConfig;
+use rlft::config::online::OnlineConfig;
 use rlft::config::TrainerConfig;
-use rlft::grpo::{prepare, train, GrpoSummary};
+use rlft::online::{prepare, train, OnlineSummary};
 use rlft::run::RunOptions;
 use rlft_model::config::Family;
 use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
@@ -57,14 +57,14 @@ pattern = "[a-z]"
     C::from_table(table, "test.toml").unwrap()
 }
 
-pub fn run(cfg: &GrpoConfig, opts: &RunOptions) -> (GrpoSummary, Vec<(String, Vec<f32>)>) {
+pub fn run(cfg: &OnlineConfig, opts: &RunOptions) -> (OnlineSummary, Vec<(String, Vec<f32>)>) {
     let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
     let s = train(cfg, &mut p, opts).unwrap();
     let w = super::weights(&p.policy);
     (s, w)
 }
 
-pub fn metric(s: &GrpoSummary, step: usize, key: &str) -> f64 {
+pub fn metric(s: &OnlineSummary, step: usize, key: &str) -> f64 {
     s.steps[step]
         .iter()
         .find(|(k, _)| k == key)

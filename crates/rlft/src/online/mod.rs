@@ -14,10 +14,11 @@
 //! The maths is in [`crate::algo`], rollouts in [`crate::rollout`], the loop in [`crate::run`].
 
 pub mod advantages;
+pub mod critic;
 pub mod dynamic;
 pub mod setup;
 pub mod skip;
 pub mod trainer;
 
 pub use setup::{eval_settings, prepare, Prepared};
-pub use trainer::{train, train_scoring_every_row, GrpoSummary};
+pub use trainer::{train, train_scoring_every_row, OnlineSummary};

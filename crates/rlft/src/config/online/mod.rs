@@ -19,20 +19,25 @@
 //! `generate_max_len` = `max_prompt_length` / `max_completion_length`; `actor_learning_rate` =
 //! `learning_rate`; `num_episodes` = `num_train_epochs`; `max_epochs` = `num_iterations`.
 
+pub mod commands;
+pub mod estimator;
+pub mod servers;
+
 use std::path::PathBuf;
 
 use rlft_rewards::RewardSpec;
 use serde::{Deserialize, Serialize};
 
 use super::args::TrainingArgs;
-use super::online::{EstimatorSettings, ONLINE_ALIASES};
-use super::vllm::VllmSettings;
 use super::{ConfigError, TrainerConfig};
 use crate::algo::{
     AdvantageConfig, ImportanceSamplingLevel, LossConfig, LossType, MultiObjectiveAggregation,
     ScaleRewards,
 };
 use crate::data::LengthPolicy;
+pub use commands::{GrpoConfig, PpoConfig, RlooConfig};
+pub use estimator::{EstimatorSettings, ONLINE_ALIASES};
+pub use servers::VllmSettings;
 
 /// How eval completions are decoded (`eval_decoding`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -48,7 +53,7 @@ pub enum EvalDecoding {
 /// GRPO config.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
-pub struct GrpoConfig {
+pub struct OnlineConfig {
     /// Model, data, optimiser, batch, cadence, LoRA: the keys every trainer shares
     /// (`per_device_train_batch_size` counts completions).
     #[serde(flatten)]
@@ -137,20 +142,20 @@ pub struct GrpoConfig {
     /// Warn when this many consecutive steps have reward_std near 0.
     pub zero_std_warning_steps: usize,
     /// Advantage estimator, KL placement, PPO's critic, dynamic sampling (flat keys; see
-    /// [`super::online`]).
+    /// [`estimator`]).
     #[serde(flatten)]
     pub estimator: EstimatorSettings,
     /// Rollouts on OpenAI-compatible servers and their importance-sampling correction (flat
-    /// keys, TRL's `use_vllm`, `vllm_*`; see [`super::vllm`]).
+    /// keys, TRL's `use_vllm`, `vllm_*`; see [`servers`]).
     #[serde(flatten)]
     pub vllm: VllmSettings,
     /// Reward functions, in order (`[[rewards]]` tables; see `docs/rewards.md`).
     pub rewards: Vec<RewardSpec>,
 }
 
-impl Default for GrpoConfig {
+impl Default for OnlineConfig {
     fn default() -> Self {
-        GrpoConfig {
+        OnlineConfig {
             args: TrainingArgs {
                 output_dir: PathBuf::from("artifacts/grpo"),
                 learning_rate: 1e-6,
@@ -198,72 +203,6 @@ impl Default for GrpoConfig {
         }
     }
 }
-
-/// The GRPO keys besides [`super::TRAINING_KEYS`].
-pub const GRPO_KEYS: &[&str] = &[
-    "prompt_column",
-    "max_prompt_length",
-    "prompt_truncation",
-    "max_completion_length",
-    "num_generations",
-    "generation_batch_size",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "beta",
-    "epsilon",
-    "epsilon_high",
-    "num_iterations",
-    "loss_type",
-    "importance_sampling_level",
-    "delta",
-    "sapo_temperature_pos",
-    "sapo_temperature_neg",
-    "top_entropy_quantile",
-    "use_bias_correction_kl",
-    "multi_objective_aggregation",
-    "scale_rewards",
-    "advantage_epsilon",
-    "advantage_clip",
-    "reward_weights",
-    "mask_truncated_completions",
-    "share_prompts",
-    "num_completions_to_log",
-    "eval_decoding",
-    "eval_max_prompts",
-    "kl_warning_threshold",
-    "zero_std_warning_steps",
-    "rewards",
-    // The estimator settings (`super::online::EstimatorSettings`, flattened).
-    "advantage_estimator",
-    "kl_estimator",
-    "gamma",
-    "lam",
-    "normalize_advantages",
-    "reward_clip_range",
-    "missing_eos_penalty",
-    "whiten_rewards",
-    "vf_coef",
-    "cliprange_value",
-    "value_model",
-    "dynamic_sampling",
-    "max_num_gen_batches",
-    // Rollout servers (`super::vllm::VllmSettings`, flattened; `super::vllm::VLLM_KEYS`).
-    "use_vllm",
-    "vllm_mode",
-    "vllm_server_base_url",
-    "vllm_server_host",
-    "vllm_server_port",
-    "vllm_server_timeout",
-    "vllm_server_api_key",
-    "vllm_importance_sampling_correction",
-    "vllm_importance_sampling_mode",
-    "vllm_importance_sampling_clip_max",
-    "vllm_importance_sampling_clip_min",
-    "vllm_importance_sampling_cap",
-];
 
 /// LightRFT / OpenRLHF names accepted as aliases: (alias, canonical key, meaning).
 pub const ALIASES: &[(&str, &str, &str)] = &[
@@ -349,7 +288,7 @@ fn resolve_aliases(table: &mut toml::Table) -> Result<(), ConfigError> {
             ))),
         }
     };
-    let defaults = GrpoConfig::default();
+    let defaults = OnlineConfig::default();
     let g = int(table, "num_generations")?.unwrap_or(defaults.num_generations);
     let micro = int(table, "per_device_train_batch_size")?
         .unwrap_or(defaults.args.per_device_train_batch_size);
@@ -408,9 +347,7 @@ fn resolve_aliases(table: &mut toml::Table) -> Result<(), ConfigError> {
     Ok(())
 }
 
-impl TrainerConfig for GrpoConfig {
-    const KEYS: &'static [&'static str] = GRPO_KEYS;
-
+impl TrainerConfig for OnlineConfig {
     fn args(&self) -> &TrainingArgs {
         &self.args
     }
@@ -434,7 +371,7 @@ impl TrainerConfig for GrpoConfig {
     }
 }
 
-impl GrpoConfig {
+impl OnlineConfig {
     /// Completions per optimiser step.
     pub fn train_batch(&self) -> usize {
         self.args.train_batch()
@@ -631,41 +568,9 @@ mod tests {
 
     const BASE: &str = "dataset = \"d.jsonl\"\n[[rewards]]\ntype = \"boxed_accuracy\"\n";
 
-    fn parse(extra: &str) -> Result<GrpoConfig, ConfigError> {
+    fn parse(extra: &str) -> Result<OnlineConfig, ConfigError> {
         let text = format!("{extra}\n{BASE}");
-        GrpoConfig::from_table(text.parse().unwrap(), "test.toml")
-    }
-
-    #[test]
-    fn every_listed_key_is_a_field() {
-        crate::config::assert_keys_are_fields(&GrpoConfig {
-            args: TrainingArgs {
-                eval_dataset: Some("y".into()),
-                eval_split: Some("test".into()),
-                system_prompt: Some("s".into()),
-                ..GrpoConfig::default().args
-            },
-            epsilon_high: Some(0.28),
-            delta: Some(4.0),
-            reward_weights: Some(vec![1.0]),
-            estimator: EstimatorSettings {
-                reward_clip_range: Some([0.0, 1.0]),
-                missing_eos_penalty: Some(1.0),
-                value_model: Some("v".into()),
-                ..Default::default()
-            },
-            vllm: VllmSettings {
-                vllm_server_base_url: Some(crate::config::vllm::ServerUrls::One("u".into())),
-                vllm_importance_sampling_clip_min: Some(0.5),
-                vllm_importance_sampling_cap: Some(3.0),
-                vllm_server_api_key: Some(crate::config::vllm::Secret::new("k")),
-                ..Default::default()
-            },
-            ..Default::default()
-        });
-        for k in crate::config::vllm::VLLM_KEYS {
-            assert!(GRPO_KEYS.contains(k), "{k}");
-        }
+        OnlineConfig::from_table(text.parse().unwrap(), "test.toml")
     }
 
     #[test]
@@ -713,7 +618,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("6 % 4 = 2") && e.contains("4 or 8"), "{e}");
-        let e = GrpoConfig::from_table("dataset = \"d\"".parse().unwrap(), "t")
+        let e = OnlineConfig::from_table("dataset = \"d\"".parse().unwrap(), "t")
             .unwrap_err()
             .to_string();
         assert!(e.contains("[[rewards]]"), "{e}");

@@ -23,12 +23,12 @@ use crate::algo::value_loss::{value_loss, ValueLossInputs};
 use crate::algo::{
     grpo_loss, Estimator, ImportanceSamplingLevel, LossInputs, LossNormalizer, LossType,
 };
-use crate::config::grpo::{BatchPlan, GrpoConfig};
+use crate::config::online::{BatchPlan, OnlineConfig};
 use crate::data::prompts::PromptItem;
 use crate::data::DataCursor;
 use crate::error::Result;
 use crate::error::TrainerError;
-use crate::ppo::Critic;
+use crate::online::critic::Critic;
 use crate::rollout::eval::evaluate;
 use crate::rollout::remote::ServerPool;
 use crate::rollout::samples::{pick, LoggedSample, SampleLog};
@@ -42,8 +42,8 @@ use crate::run::{
     Algorithm, Metrics, Policy, Position, RunOptions, RunSummary, StepOutcome, StepStats,
 };
 
-/// What a finished (or interrupted) GRPO run reports.
-pub type GrpoSummary = RunSummary;
+/// What a finished (or interrupted) online run reports.
+pub type OnlineSummary = RunSummary;
 
 /// The clip fractions the clipped losses and RLOO's report (TRL's names).
 const CLIP_KEYS: [&str; 3] = [
@@ -72,9 +72,9 @@ pub struct Rollout {
     metrics: Metrics,
 }
 
-/// GRPO as an [`Algorithm`].
-struct Grpo<'a> {
-    cfg: &'a GrpoConfig,
+/// The online family as an [`Algorithm`].
+struct Online<'a> {
+    cfg: &'a OnlineConfig,
     reference: Option<&'a CausalLm>,
     critic: Option<&'a Critic>,
     train: &'a [PromptItem],
@@ -90,7 +90,7 @@ struct Grpo<'a> {
     skip_zero_advantage: bool,
 }
 
-impl Grpo<'_> {
+impl Online<'_> {
     /// The rollout's samples and scores: one generation batch, or with dynamic sampling as
     /// many as it takes (at most `max_num_gen_batches`) to fill the rollout with groups whose
     /// rewards differ.
@@ -294,7 +294,7 @@ impl Grpo<'_> {
     }
 }
 
-impl Algorithm for Grpo<'_> {
+impl Algorithm for Online<'_> {
     type Unit = Rollout;
 
     const STEP_LINE: &'static [(&'static str, &'static str)] = &[
@@ -544,7 +544,7 @@ impl Algorithm for Grpo<'_> {
 }
 
 /// The rollout servers of a config that uses them (waits up to `vllm_server_timeout` for each).
-fn connect_servers(cfg: &GrpoConfig) -> Result<Option<ServerPool>> {
+fn connect_servers(cfg: &OnlineConfig) -> Result<Option<ServerPool>> {
     if !cfg.vllm.on_servers() {
         return Ok(None);
     }
@@ -567,7 +567,7 @@ fn old_like(s: &Sample) -> Vec<f32> {
 
 /// Runs GRPO as configured: prints progress, writes metrics, samples, checkpoints, the final
 /// model and `run_summary.json` under `output_dir`.
-pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<GrpoSummary> {
+pub fn train(cfg: &OnlineConfig, p: &mut Prepared, opts: &RunOptions) -> Result<OnlineSummary> {
     train_with(cfg, p, opts, true)
 }
 
@@ -575,21 +575,21 @@ pub fn train(cfg: &GrpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Gr
 /// the tests compare the skipping against (the same result, only slower).
 #[doc(hidden)]
 pub fn train_scoring_every_row(
-    cfg: &GrpoConfig,
+    cfg: &OnlineConfig,
     p: &mut Prepared,
     opts: &RunOptions,
-) -> Result<GrpoSummary> {
+) -> Result<OnlineSummary> {
     train_with(cfg, p, opts, false)
 }
 
 /// [`train`], leaving zero-advantage rows out of the training pass or not.
 fn train_with(
-    cfg: &GrpoConfig,
+    cfg: &OnlineConfig,
     p: &mut Prepared,
     opts: &RunOptions,
     skip_zero_advantage: bool,
-) -> Result<GrpoSummary> {
-    let mut algo = Grpo {
+) -> Result<OnlineSummary> {
+    let mut algo = Online {
         cfg,
         reference: p.reference.as_ref(),
         critic: p.critic.as_ref(),
@@ -657,7 +657,7 @@ impl OnlineLogs {
     /// An eval pass of `policy` on `eval` with `cfg`'s eval settings (None without prompts).
     pub fn evaluate(
         &mut self,
-        cfg: &GrpoConfig,
+        cfg: &OnlineConfig,
         policy: &Policy,
         eval: &[PromptItem],
         rewards: &mut RewardSet,

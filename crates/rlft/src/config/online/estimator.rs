@@ -1,17 +1,14 @@
-//! The online family's shared settings beyond GRPO's: which advantage estimator, where the KL
-//! goes, PPO's critic, dynamic sampling; and the per-command defaults of `rlft rloo` (TRL's
-//! `RLOOConfig`) and `rlft ppo` (TRL <= 1.15's `PPOConfig`). One config type serves every
-//! online command, so `advantage_estimator` in any of them selects the same code.
+//! The online family's settings beyond the policy loss: which advantage estimator, where the KL
+//! goes, PPO's critic, dynamic sampling (flat keys of [`super::OnlineConfig`]), and the aliases
+//! TRL's PPO and OpenRLHF use for them.
 
-use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::args::TrainingArgs;
-use super::grpo::GrpoConfig;
-use super::{ConfigError, TrainerConfig};
+use super::OnlineConfig;
 use crate::algo::{Estimator, EstimatorConfig, KlEstimator, LossType};
+use crate::config::ConfigError;
 
 /// The estimator settings (flat keys of an online config).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -93,7 +90,7 @@ pub const ONLINE_ALIASES: &[(&str, &str, &str)] = &[
     ),
 ];
 
-impl GrpoConfig {
+impl OnlineConfig {
     /// The estimator settings as [`crate::algo::estimate`] takes them.
     pub fn estimator_config(&self) -> EstimatorConfig {
         let e = &self.estimator;
@@ -179,145 +176,11 @@ impl GrpoConfig {
     }
 }
 
-impl AsRef<GrpoConfig> for GrpoConfig {
-    fn as_ref(&self) -> &GrpoConfig {
-        self
-    }
-}
-
-/// A config under other defaults, for one command of the online family.
-macro_rules! online_command {
-    ($name:ident, $doc:literal, $defaults:expr, $resolve:expr) => {
-        #[doc = $doc]
-        #[derive(Debug, Clone, Serialize, Deserialize)]
-        #[serde(transparent)]
-        pub struct $name(pub GrpoConfig);
-
-        impl Default for $name {
-            fn default() -> Self {
-                $name($defaults)
-            }
-        }
-
-        impl Deref for $name {
-            type Target = GrpoConfig;
-            fn deref(&self) -> &GrpoConfig {
-                &self.0
-            }
-        }
-
-        impl AsRef<GrpoConfig> for $name {
-            fn as_ref(&self) -> &GrpoConfig {
-                &self.0
-            }
-        }
-
-        impl DerefMut for $name {
-            fn deref_mut(&mut self) -> &mut GrpoConfig {
-                &mut self.0
-            }
-        }
-
-        impl TrainerConfig for $name {
-            const KEYS: &'static [&'static str] = GrpoConfig::KEYS;
-
-            fn args(&self) -> &TrainingArgs {
-                &self.0.args
-            }
-
-            fn args_mut(&mut self) -> &mut TrainingArgs {
-                &mut self.0.args
-            }
-
-            fn alias_keys() -> Vec<&'static str> {
-                GrpoConfig::alias_keys()
-            }
-
-            fn resolve_aliases(table: &mut toml::Table) -> Result<(), ConfigError> {
-                // The batch aliases convert with this command's group size.
-                if !table.contains_key("num_generations")
-                    && !table.contains_key("n_samples_per_prompt")
-                {
-                    let g = Self::default().num_generations as i64;
-                    table.insert("num_generations".into(), toml::Value::Integer(g));
-                }
-                GrpoConfig::resolve_aliases(table)?;
-                let own: fn(&mut toml::Table) = $resolve;
-                own(table);
-                Ok(())
-            }
-
-            fn validate_own(&self) -> Result<(), ConfigError> {
-                self.0.validate_own()
-            }
-        }
-    };
-}
-
-online_command!(
-    RlooConfig,
-    "`rlft rloo`: TRL 1.16 `RLOOConfig`'s defaults (`beta = 0.05`, `num_generations = 2`, \
-     `max_completion_length = 512`) over the online config.",
-    GrpoConfig {
-        args: TrainingArgs {
-            output_dir: PathBuf::from("artifacts/rloo"),
-            ..GrpoConfig::default().args
-        },
-        beta: 0.05,
-        num_generations: 2,
-        max_completion_length: 512,
-        estimator: EstimatorSettings {
-            advantage_estimator: Estimator::Rloo,
-            ..Default::default()
-        },
-        ..GrpoConfig::default()
-    },
-    |_| {}
-);
-
-online_command!(
-    PpoConfig,
-    "`rlft ppo`: PPO with a critic, TRL <= 1.15 `PPOConfig`'s defaults (`kl_coef = 0.05`, \
-     `num_ppo_epochs = 4`, `vf_coef = 0.1`, `cliprange_value = 0.2`, `gamma = 1`, \
-     `lam = 0.95`, one completion per prompt, the loss a token mean per micro-batch) over the \
-     online config; the critic starts from `model` unless `value_model` says otherwise.",
-    GrpoConfig {
-        args: TrainingArgs {
-            output_dir: PathBuf::from("artifacts/ppo"),
-            ..GrpoConfig::default().args
-        },
-        beta: 0.05,
-        num_generations: 1,
-        num_iterations: 4,
-        loss_type: LossType::Bnpo,
-        estimator: EstimatorSettings {
-            advantage_estimator: Estimator::Gae,
-            ..Default::default()
-        },
-        ..GrpoConfig::default()
-    },
-    default_critic
-);
-
-/// `rlft ppo`'s critic starts from the policy's `model` unless `value_model` is given.
-fn default_critic(table: &mut toml::Table) {
-    if table.contains_key("value_model")
-        || table
-            .get("advantage_estimator")
-            .is_some_and(|v| v.as_str() != Some("gae"))
-    {
-        return;
-    }
-    let model = table
-        .get("model")
-        .cloned()
-        .unwrap_or_else(|| toml::Value::String(GrpoConfig::default().args.model));
-    table.insert("value_model".into(), model);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::online::{PpoConfig, RlooConfig};
+    use crate::config::TrainerConfig;
 
     const BASE: &str = "dataset = \"d.jsonl\"\n[[rewards]]\ntype = \"boxed_accuracy\"\n";
 
@@ -326,35 +189,12 @@ mod tests {
     }
 
     #[test]
-    fn each_command_has_its_defaults() {
-        let r: RlooConfig = parse("").unwrap();
-        assert_eq!(r.estimator.advantage_estimator, Estimator::Rloo);
-        assert_eq!((r.beta, r.num_generations), (0.05, 2));
-        // A batch alias converts with the command's group size.
-        let r: RlooConfig = parse("rollout_batch_size = 4").unwrap();
-        assert_eq!(r.generation_batch_size, 8);
-        let p: PpoConfig = parse("model = \"m.gguf\"\nkl_coef = 0.02\nnum_ppo_epochs = 2").unwrap();
-        assert_eq!(p.estimator.value_model, Some(PathBuf::from("m.gguf")));
-        assert_eq!((p.beta, p.num_iterations, p.num_generations), (0.02, 2, 1));
-        let p: PpoConfig =
-            parse("per_device_train_batch_size = 2\ngradient_accumulation_steps = 2\nnum_mini_batches = 3")
-                .unwrap();
-        assert_eq!(p.generation_batch_size, 12);
-        let g: GrpoConfig = parse("advantage_estimator = \"reinforce_baseline\"").unwrap();
-        assert_eq!(
-            g.estimator.advantage_estimator,
-            Estimator::ReinforceBaseline
-        );
-        assert_eq!(g.num_generations, 8);
-    }
-
-    #[test]
     fn conflicts_name_the_fix() {
-        let e = parse::<GrpoConfig>("advantage_estimator = \"gae\"")
+        let e = parse::<OnlineConfig>("advantage_estimator = \"gae\"")
             .unwrap_err()
             .to_string();
         assert!(e.contains("value_model") && e.contains("rlft ppo"), "{e}");
-        let e = parse::<GrpoConfig>("num_generations = 1\nper_device_train_batch_size = 2")
+        let e = parse::<OnlineConfig>("num_generations = 1\nper_device_train_batch_size = 2")
             .unwrap_err()
             .to_string();
         assert!(
@@ -365,11 +205,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("sequence-level"), "{e}");
-        let e = parse::<GrpoConfig>("value_model = \"x\"")
+        let e = parse::<OnlineConfig>("value_model = \"x\"")
             .unwrap_err()
             .to_string();
         assert!(e.contains("no critic"), "{e}");
-        let e = parse::<GrpoConfig>("advantage_estimator = \"rlo\"")
+        let e = parse::<OnlineConfig>("advantage_estimator = \"rlo\"")
             .unwrap_err()
             .to_string();
         assert!(e.contains("`rlo`") && e.contains("`rloo`"), "{e}");
@@ -377,6 +217,6 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("dynamic_sampling"), "{e}");
-        assert!(parse::<GrpoConfig>("reward_clip_range = [1.0, 0.0]").is_err());
+        assert!(parse::<OnlineConfig>("reward_clip_range = [1.0, 0.0]").is_err());
     }
 }

@@ -18,7 +18,7 @@
 //! which the rollout knows without a forward pass (`LossNormalizer::micro_batch`).
 
 use crate::algo::MicroBatchSize;
-use crate::config::grpo::GrpoConfig;
+use crate::config::online::OnlineConfig;
 
 /// Whether leaving zero-advantage rows out of the training pass gives exactly the loss and
 /// gradient of scoring them: only then are they left out. It is not when
@@ -30,7 +30,7 @@ use crate::config::grpo::GrpoConfig;
 ///   tokens, so the rows left out would move the other rows' mask;
 /// - LoRA adapters drop out (`lora_dropout > 0`): each forward draws its masks over the
 ///   micro-batch's shape, so the other rows would get other masks.
-pub fn skip_is_exact(cfg: &GrpoConfig, critic: bool, lora_dropout: bool) -> bool {
+pub fn skip_is_exact(cfg: &OnlineConfig, critic: bool, lora_dropout: bool) -> bool {
     let loss = cfg.loss_config();
     loss.beta == 0.0 && !critic && loss.top_entropy_quantile >= 1.0 && !lora_dropout
 }
@@ -103,16 +103,16 @@ mod tests {
 
     #[test]
     fn exact_only_without_terms_that_read_zero_advantage_rows() {
-        let base = GrpoConfig::default();
+        let base = OnlineConfig::default();
         assert!(skip_is_exact(&base, false, false));
         assert!(!skip_is_exact(&base, true, false));
         assert!(!skip_is_exact(&base, false, true));
-        let kl = GrpoConfig {
+        let kl = OnlineConfig {
             beta: 0.04,
             ..base.clone()
         };
         assert!(!skip_is_exact(&kl, false, false));
-        let entropy_mask = GrpoConfig {
+        let entropy_mask = OnlineConfig {
             top_entropy_quantile: 0.2,
             ..base
         };

@@ -23,8 +23,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::ConfigError;
 use crate::algo::is_correction::{IsCorrection, IsMode};
+use crate::config::ConfigError;
 
 /// Where vLLM runs (`vllm_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -138,22 +138,6 @@ impl Default for VllmSettings {
         }
     }
 }
-
-/// The keys of [`VllmSettings`].
-pub const VLLM_KEYS: &[&str] = &[
-    "use_vllm",
-    "vllm_mode",
-    "vllm_server_base_url",
-    "vllm_server_host",
-    "vllm_server_port",
-    "vllm_server_timeout",
-    "vllm_server_api_key",
-    "vllm_importance_sampling_correction",
-    "vllm_importance_sampling_mode",
-    "vllm_importance_sampling_clip_max",
-    "vllm_importance_sampling_clip_min",
-    "vllm_importance_sampling_cap",
-];
 
 impl VllmSettings {
     /// Whether rollouts go to servers.

@@ -10,7 +10,7 @@ use rlft_rewards::Scores;
 use crate::algo::{
     compute_advantages, estimate, multi_reward_advantages, Estimate, Estimator, EstimatorInputs,
 };
-use crate::config::grpo::GrpoConfig;
+use crate::config::online::OnlineConfig;
 use crate::error::Result;
 use crate::rollout::{pad_rows, Sample};
 use crate::run::Metrics;
@@ -83,7 +83,7 @@ pub struct Estimated {
 /// The rewards the estimators see: each completion's weighted reward, clamped to
 /// `reward_clip_range` (TRL RLOO / OpenRLHF), minus `missing_eos_penalty` when the completion
 /// ran out of tokens (TRL PPO).
-pub fn shaped_rewards(cfg: &GrpoConfig, samples: &[Sample], total: &[f64]) -> Vec<f64> {
+pub fn shaped_rewards(cfg: &OnlineConfig, samples: &[Sample], total: &[f64]) -> Vec<f64> {
     let e = &cfg.estimator;
     total
         .iter()
@@ -111,7 +111,7 @@ pub fn shaped_rewards(cfg: &GrpoConfig, samples: &[Sample], total: &[f64]) -> Ve
 ///   KL enters the reward (`beta > 0`, every estimator but `group_norm`);
 /// - `values`: `[N][len_i]` the critic's values (`gae`).
 pub fn estimate_rollout(
-    cfg: &GrpoConfig,
+    cfg: &OnlineConfig,
     samples: &[Sample],
     scored: (&Scores, &[f64]),
     rewards: &[f64],

@@ -12,10 +12,10 @@ use rlft_text::TextBundle;
 
 use rlft_model::sampling::SamplingParams;
 
-use crate::config::grpo::{BatchPlan, EvalDecoding, GrpoConfig};
+use crate::config::online::{BatchPlan, EvalDecoding, OnlineConfig};
 use crate::data::prompts::{build_prompts, PromptItem, PromptReport};
 use crate::error::{Result, TrainerError};
-use crate::ppo::Critic;
+use crate::online::critic::Critic;
 use crate::reward_model::reward::{ModelReward, PolicyModel, PromptSource};
 use crate::rollout::eval::EvalSettings;
 use crate::rollout::RolloutSettings;
@@ -26,7 +26,7 @@ use crate::run::{setup, Policy};
 pub const EVAL_BATCH: usize = 16;
 
 /// The rollouts' sampling settings.
-pub fn sampling(cfg: &GrpoConfig) -> SamplingParams {
+pub fn sampling(cfg: &OnlineConfig) -> SamplingParams {
     SamplingParams {
         temperature: cfg.temperature as f32,
         top_k: cfg.top_k,
@@ -37,13 +37,13 @@ pub fn sampling(cfg: &GrpoConfig) -> SamplingParams {
 }
 
 /// The sampling of one rollout of `policy` with seed `seed`.
-pub fn rollout_settings(cfg: &GrpoConfig, policy: &Policy, seed: u64) -> RolloutSettings {
+pub fn rollout_settings(cfg: &OnlineConfig, policy: &Policy, seed: u64) -> RolloutSettings {
     sampling_settings(cfg, &policy.generation.eos_token_ids, policy.pad_id, seed)
 }
 
 /// A config's rollout sampling for a model with these end and padding ids.
 pub fn sampling_settings(
-    cfg: &GrpoConfig,
+    cfg: &OnlineConfig,
     eos_token_ids: &[u32],
     pad_token_id: u32,
     seed: u64,
@@ -59,7 +59,7 @@ pub fn sampling_settings(
 }
 
 /// Eval settings of a config.
-pub fn eval_settings(cfg: &GrpoConfig, eos_token_ids: &[u32], pad_token_id: u32) -> EvalSettings {
+pub fn eval_settings(cfg: &OnlineConfig, eos_token_ids: &[u32], pad_token_id: u32) -> EvalSettings {
     EvalSettings {
         greedy: cfg.eval_decoding == EvalDecoding::Greedy,
         sampling: sampling(cfg),
@@ -94,7 +94,7 @@ pub struct Prepared {
 /// (once, on `device`, in the run's dtype; `model_path` is what the config's `model`
 /// resolved to, for an adapter's `base`); the other kinds are built by
 /// [`rlft_rewards::build_reward`].
-pub fn reward_set(cfg: &GrpoConfig, model_path: &Path, device: &Device) -> Result<RewardSet> {
+pub fn reward_set(cfg: &OnlineConfig, model_path: &Path, device: &Device) -> Result<RewardSet> {
     let prompts = PromptSource {
         column: &cfg.prompt_column,
         system_prompt: cfg.args.system_prompt.as_deref(),
@@ -151,12 +151,12 @@ pub struct Passes {
 }
 
 /// Whether rollouts come from servers with the importance-sampling correction on.
-fn is_corrected(cfg: &GrpoConfig) -> bool {
+fn is_corrected(cfg: &OnlineConfig) -> bool {
     cfg.vllm.correction().is_some()
 }
 
 /// The passes of `cfg` with batch plan `plan`.
-pub fn passes(cfg: &GrpoConfig, plan: &BatchPlan) -> Passes {
+pub fn passes(cfg: &OnlineConfig, plan: &BatchPlan) -> Passes {
     Passes {
         reference: cfg.beta > 0.0,
         reference_copy: cfg.beta > 0.0 && !cfg.args.use_peft,
@@ -169,7 +169,7 @@ pub fn passes(cfg: &GrpoConfig, plan: &BatchPlan) -> Passes {
 
 /// Where a config's eval prompts come from: `eval_dataset` (with `eval_split`), else
 /// `dataset`'s `eval_split`, else its `test` split when the DatasetDict has one.
-pub fn eval_source(cfg: &GrpoConfig) -> Option<(PathBuf, Option<String>)> {
+pub fn eval_source(cfg: &OnlineConfig) -> Option<(PathBuf, Option<String>)> {
     let a = &cfg.args;
     match (&a.eval_dataset, &a.eval_split) {
         (Some(p), split) => Some((p.clone(), split.clone())),
@@ -185,7 +185,7 @@ pub fn eval_source(cfg: &GrpoConfig) -> Option<(PathBuf, Option<String>)> {
 /// The prompts of `ds` as the config renders and limits them (`prompt_column`,
 /// `system_prompt`, `max_prompt_length`, `prompt_truncation`).
 pub fn prompts(
-    cfg: &GrpoConfig,
+    cfg: &OnlineConfig,
     ds: &Dataset,
     text: &TextBundle,
 ) -> Result<(Vec<PromptItem>, PromptReport)> {
@@ -201,7 +201,7 @@ pub fn prompts(
 
 /// Loads the eval prompts the config names: `eval_dataset` (with `eval_split`), else
 /// `dataset`'s `eval_split` (default "test" when the DatasetDict has one). Empty when none.
-pub fn eval_prompts(cfg: &GrpoConfig, text: &TextBundle) -> Result<Vec<PromptItem>> {
+pub fn eval_prompts(cfg: &OnlineConfig, text: &TextBundle) -> Result<Vec<PromptItem>> {
     let Some((path, split)) = eval_source(cfg) else {
         return Ok(Vec::new());
     };
@@ -215,7 +215,7 @@ pub fn eval_prompts(cfg: &GrpoConfig, text: &TextBundle) -> Result<Vec<PromptIte
 }
 
 /// Loads the policy, prompts and rewards; prints the batch arithmetic.
-pub fn prepare(cfg: &GrpoConfig, model_path: &Path, device: &Device) -> Result<Prepared> {
+pub fn prepare(cfg: &OnlineConfig, model_path: &Path, device: &Device) -> Result<Prepared> {
     let a = &cfg.args;
     let mut rewards = reward_set(cfg, model_path, device)?;
     let (policy, base) = setup::load_policy(a, model_path, device, true)?;
@@ -263,7 +263,7 @@ pub fn prepare(cfg: &GrpoConfig, model_path: &Path, device: &Device) -> Result<P
             } else {
                 rlft_model::load::resolve(&v.to_string_lossy())?
             };
-            let c = crate::ppo::load_critic(a, &path, device)?;
+            let c = crate::online::critic::load_critic(a, &path, device)?;
             let n: usize = c.vars.iter().map(|(_, v)| v.elem_count()).sum();
             eprintln!("critic: {} ({n} trainable parameters)", path.display());
             Some(c)
@@ -284,7 +284,7 @@ pub fn prepare(cfg: &GrpoConfig, model_path: &Path, device: &Device) -> Result<P
 /// Scores an empty completion of the first prompt so a missing reward column (e.g. `answer`)
 /// or an external reward that does not start fails before any generation.
 fn check_reward_columns(
-    cfg: &GrpoConfig,
+    cfg: &OnlineConfig,
     rewards: &mut RewardSet,
     train: &[PromptItem],
 ) -> Result<()> {
