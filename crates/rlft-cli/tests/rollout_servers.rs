@@ -1,4 +1,4 @@
-//! GRPO with rollouts on servers (`use_vllm = true`, `vllm_mode = "server"`) end to end: two
+//! GRPO with rollouts on servers (`rollout_servers`; TRL: `use_vllm`, `vllm_mode = "server"`) end to end: two
 //! real `rlft serve` processes on 127.0.0.1 (port 0, the printed address) serving a tiny random
 //! model, and `rlft grpo` with LoRA sampling on both.
 //!
@@ -9,7 +9,7 @@
 //!   the policy moves away from the base by far more (KL);
 //! - killing one server mid-run moves its groups to the other and the run takes every step;
 //! - with no server left the run stops with a clear error;
-//! - servers with an API key: the trainer sends `vllm_server_api_key` and never writes it to its
+//! - servers with an API key: the trainer sends `rollout_server_api_key` and never writes it to its
 //!   logs, `config.toml` or `run_summary.json`; a wrong key stops the run with a message about
 //!   the key.
 //!
@@ -104,12 +104,11 @@ fn setup(dir: &Path, servers: &[&str], steps: usize) -> std::path::PathBuf {
         std::fs::write(dir.join("prompts.jsonl"), rows.join("\n") + "\n").unwrap();
     }
     let urls: Vec<String> = servers.iter().map(|u| format!("{u:?}")).collect();
-    let vllm = if servers.is_empty() {
+    let on_servers = if servers.is_empty() {
         String::new()
     } else {
         format!(
-            "use_vllm = true\nvllm_mode = \"server\"\nvllm_server_base_url = [{}]\n\
-             vllm_server_timeout = 60\n",
+            "rollout_servers = [{}]\nrollout_server_timeout = 60\n",
             urls.join(", ")
         )
     };
@@ -136,7 +135,7 @@ report_to = ["jsonl"]
 seed = 7
 # The random model is peaked: a hot sampler gives groups with different rewards.
 temperature = 30.0
-{vllm}
+{on_servers}
 [lora]
 r = 8
 lora_alpha = 16
@@ -165,12 +164,12 @@ fn grpo(cfg: &Path) -> Command {
     c
 }
 
-/// Adds `vllm_server_api_key = KEY` to the config at `cfg`.
+/// Adds `rollout_server_api_key = KEY` to the config at `cfg`.
 fn with_key(cfg: &Path, key: &str) {
     let text = std::fs::read_to_string(cfg).unwrap();
     let text = text.replace(
-        "vllm_server_timeout = 60\n",
-        &format!("vllm_server_timeout = 60\nvllm_server_api_key = \"{key}\"\n"),
+        "rollout_server_timeout = 60\n",
+        &format!("rollout_server_timeout = 60\nrollout_server_api_key = \"{key}\"\n"),
     );
     std::fs::write(cfg, text).unwrap();
 }
@@ -216,7 +215,7 @@ fn grpo_on_two_servers_matches_in_process_metrics_and_follows_the_adapter() {
     for f in ["config.toml", "run_summary.json"] {
         let text = std::fs::read_to_string(tmp.path().join("out_servers").join(f)).unwrap();
         assert!(!text.contains(key), "{f} holds the key in clear");
-        assert!(text.contains("vllm_server_api_key"), "{f}: {text}");
+        assert!(text.contains("rollout_server_api_key"), "{f}: {text}");
     }
     ok(grpo(&local).output().unwrap());
 
@@ -324,7 +323,7 @@ fn a_wrong_api_key_stops_the_run_with_a_message_about_the_key() {
     let out = grpo(&cfg).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("vllm_server_api_key"), "{err}");
+    assert!(err.contains("rollout_server_api_key"), "{err}");
     assert!(
         !err.contains("a-wrong-key") && !err.contains("the-right-key"),
         "{err}"
@@ -333,7 +332,7 @@ fn a_wrong_api_key_stops_the_run_with_a_message_about_the_key() {
     let text = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(
         &cfg,
-        text.replace("vllm_server_api_key = \"a-wrong-key\"\n", ""),
+        text.replace("rollout_server_api_key = \"a-wrong-key\"\n", ""),
     )
     .unwrap();
     let out = grpo(&cfg).output().unwrap();
@@ -363,7 +362,7 @@ fn no_server_left_is_a_clear_error_and_no_step_is_taken() {
     let cfg = setup(tmp.path(), &[&format!("http://127.0.0.1:{port}")], 2);
     let text = std::fs::read_to_string(&cfg)
         .unwrap()
-        .replace("vllm_server_timeout = 60", "vllm_server_timeout = 1");
+        .replace("rollout_server_timeout = 60", "rollout_server_timeout = 1");
     std::fs::write(&cfg, text).unwrap();
     let out = grpo(&cfg).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

@@ -1,5 +1,5 @@
 //! A minimal HTTP/1.1 client on `std::net::TcpStream`, shared by the `http` reward and by
-//! rlft's rollout client (`vllm_mode = "server"`): one connection per request
+//! rlft's rollout client (`rollout_servers`): one connection per request
 //! (`Connection: close`), `Content-Length` or chunked responses, and one deadline covering name
 //! resolution, connecting, sending and reading.
 //!

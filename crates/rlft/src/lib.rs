@@ -11,8 +11,10 @@
 //!   the online algorithms.
 //! - [`run`]: the run core every trainer plugs into ([`run::Algorithm`]): loop, optimiser step,
 //!   checkpoints and exact resume, eval cadence, metrics, Ctrl-C, export, summary.
-//! - [`sft`], [`grpo`], [`reward_model`], [`dpo`]: the trainers, each a small [`run::Algorithm`];
-//!   [`grpo`] is the whole online family (GRPO, RLOO, REINFORCE++, PPO), [`ppo`] PPO's critic.
+//! - [`sft`], [`online`], [`online_dpo`], [`reward_model`], [`dpo`]: the trainers, each a small
+//!   [`run::Algorithm`]; [`online`] is the whole online family (GRPO, RLOO, REINFORCE++, PPO with
+//!   its critic in [`online::critic`]), which `rlft grpo`, `rloo` and `ppo` configure.
+//! - [`trainers`]: the one list of trainers (names, config keys) the CLI reads.
 //! - [`plan`]: a run's peak memory, predicted from the config and the model's shape.
 //! - [`error`]: [`TrainerError`], the one error type of the trainers.
 

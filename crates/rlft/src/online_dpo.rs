@@ -25,8 +25,8 @@ use crate::data::DataCursor;
 use crate::error::{Result, TrainerError};
 use crate::online::advantages::shaped_rewards;
 use crate::online::setup::rollout_settings;
-use crate::online::trainer::OnlineLogs;
 use crate::online::Prepared;
+use crate::rollout::logs::OnlineLogs;
 use crate::rollout::stats::rollout_metrics;
 use crate::rollout::{
     generate_and_score, no_grad_passes, policy_pass, MicroRows, NoGradPasses, Sample, ScoreOptions,
@@ -289,7 +289,7 @@ impl Algorithm for OnlineDpo<'_> {
         first: bool,
         times: &Metrics,
     ) -> Metrics {
-        crate::online::trainer::online_step_metrics(&r.metrics, out, first, times)
+        crate::rollout::logs::online_step_metrics(&r.metrics, out, first, times)
     }
 
     fn on_logged(&mut self, r: &PairRollout, step: u64, first_of_unit: bool) -> Result<()> {

@@ -260,7 +260,7 @@ fn trl_colocate_default_trains_in_process() {
         dir2.path(),
         "use_vllm = true\nvllm_server_base_url = \"http://127.0.0.1:9\"",
     );
-    assert!(!colocated.vllm.on_servers());
+    assert!(!colocated.servers.on_servers());
     let (s2, w2) = run(&colocated, &RunOptions::default());
     for step in 0..3 {
         assert_eq!(metric(&s, step, "loss"), metric(&s2, step, "loss"));

@@ -81,7 +81,7 @@ impl FromStr for IsMode {
         ];
         all.into_iter().find(|m| m.as_str() == s).ok_or_else(|| {
             format!(
-                "unknown vllm_importance_sampling_mode `{s}`; one of {}",
+                "unknown rollout_is_mode `{s}`; one of {}",
                 Self::NAMES.join(", ")
             )
         })
@@ -106,22 +106,22 @@ impl IsCorrection {
         if let Some(lo) = self.clip_min {
             if lo.is_nan() || lo >= self.clip_max {
                 return Err(format!(
-                    "vllm_importance_sampling_clip_min ({lo}) must be less than \
-                     vllm_importance_sampling_clip_max ({})",
+                    "rollout_is_threshold_lower ({lo}) must be less than \
+                     rollout_is_threshold ({})",
                     self.clip_max
                 ));
             }
         }
         if self.clip_max.is_nan() || self.clip_max <= 0.0 {
             return Err(format!(
-                "vllm_importance_sampling_clip_max must be > 0 (got {}); use inf for no bound",
+                "rollout_is_threshold must be > 0 (got {}); use inf for no bound",
                 self.clip_max
             ));
         }
         if self.mode.truncate() && self.clip_min.is_none() && self.clip_max.is_infinite() {
             return Err(format!(
-                "vllm_importance_sampling_mode = \"{}\" needs a bound: set \
-                 vllm_importance_sampling_clip_max or vllm_importance_sampling_clip_min",
+                "rollout_is_mode = \"{}\" needs a bound: set \
+                 rollout_is_threshold or rollout_is_threshold_lower",
                 self.mode
             ));
         }

@@ -339,10 +339,7 @@ impl Algorithm for Dpo<'_> {
         let mut m: Metrics = vec![
             ("loss".into(), out.loss),
             ("learning_rate".into(), out.lr),
-            (
-                "grad_norm".into(),
-                if out.applied { out.grad_norm } else { f64::NAN },
-            ),
+            ("grad_norm".into(), out.grad_norm),
         ];
         m.extend(g.stats().named(""));
         m.push((
@@ -354,10 +351,6 @@ impl Algorithm for Dpo<'_> {
             m.extend(times.iter().cloned());
         }
         m
-    }
-
-    fn observe(&mut self, step: u64, metrics: &Metrics) -> Vec<String> {
-        offline::skipped_step_warning(step, metrics)
     }
 
     fn evaluate(&mut self, policy: &Policy, _at: Position) -> Result<Option<Metrics>> {

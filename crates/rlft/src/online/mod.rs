@@ -7,6 +7,7 @@
 //! - [`advantages`]: a rollout's advantages under the configured estimator;
 //! - [`dynamic`]: dynamic sampling (DAPO), dropping groups without signal;
 //! - [`skip`]: zero-advantage rows left out of the training pass where that is exact;
+//! - [`critic`]: PPO's value model (`advantage_estimator = "gae"`);
 //! - [`trainer`]: the trainer as an [`crate::run::Algorithm`]: a unit is a rollout (generate,
 //!   reward, old and reference log-probs, advantages), a micro-batch's loss is
 //!   [`crate::algo::grpo_loss`] (RLOO: [`crate::algo::rloo_loss::rloo_loss`]).

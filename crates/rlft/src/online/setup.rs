@@ -152,7 +152,7 @@ pub struct Passes {
 
 /// Whether rollouts come from servers with the importance-sampling correction on.
 fn is_corrected(cfg: &OnlineConfig) -> bool {
-    cfg.vllm.correction().is_some()
+    cfg.servers.correction().is_some()
 }
 
 /// The passes of `cfg` with batch plan `plan`.

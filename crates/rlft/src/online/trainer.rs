@@ -14,43 +14,32 @@ use rlft_rewards::{RewardSet, Scores};
 
 use super::advantages::{estimate_rollout, shaped_rewards, Advantage};
 use super::dynamic::{Filter, GenBatch};
-use super::setup::{eval_settings, rollout_settings};
-use super::skip::{skip_is_exact, split_micro_batch, MicroSplit};
+use super::setup::rollout_settings;
+use super::skip::{skip_is_exact, split_micro_batch};
 use super::Prepared;
 use crate::algo::is_correction::is_weights;
-use crate::algo::rloo_loss::{rloo_loss, RlooLossInputs};
-use crate::algo::value_loss::{value_loss, ValueLossInputs};
-use crate::algo::{
-    grpo_loss, Estimator, ImportanceSamplingLevel, LossInputs, LossNormalizer, LossType,
-};
+use crate::algo::LossNormalizer;
 use crate::config::online::{BatchPlan, OnlineConfig};
 use crate::data::prompts::PromptItem;
 use crate::data::DataCursor;
 use crate::error::Result;
-use crate::error::TrainerError;
 use crate::online::critic::Critic;
-use crate::rollout::eval::evaluate;
+use crate::rollout::logs::{online_step_metrics, OnlineLogs};
 use crate::rollout::remote::ServerPool;
-use crate::rollout::samples::{pick, LoggedSample, SampleLog};
 use crate::rollout::stats::{rollout_metrics, HealthMonitor};
 use crate::rollout::{
-    generate_and_score, generate_and_score_remote, no_grad_passes, pad_rows, policy_pass, timed,
-    MicroRows, NoGradPasses, PolicyPass, Sample, ScoreOptions,
+    generate_and_score, generate_and_score_remote, no_grad_passes, policy_pass, timed, MicroRows,
+    NoGradPasses, Sample, ScoreOptions,
 };
 use crate::run::optim::mix;
 use crate::run::{
     Algorithm, Metrics, Policy, Position, RunOptions, RunSummary, StepOutcome, StepStats,
 };
 
+mod loss;
+
 /// What a finished (or interrupted) online run reports.
 pub type OnlineSummary = RunSummary;
-
-/// The clip fractions the clipped losses and RLOO's report (TRL's names).
-const CLIP_KEYS: [&str; 3] = [
-    "clip_ratio/low_mean",
-    "clip_ratio/high_mean",
-    "clip_ratio/region_mean",
-];
 
 /// A rollout with everything its optimiser steps need.
 pub struct Rollout {
@@ -83,7 +72,7 @@ struct Online<'a> {
     plan: BatchPlan,
     health: HealthMonitor,
     logs: OnlineLogs,
-    /// Rollouts on servers (`use_vllm`, `vllm_mode = "server"`).
+    /// Rollouts on servers (`rollout_servers`).
     servers: Option<ServerPool>,
     /// Leave zero-advantage rows out of the training pass where that is exact; false only in
     /// [`train_scoring_every_row`], the tests' reference.
@@ -167,131 +156,6 @@ impl Online<'_> {
         let exact = skip_is_exact(self.cfg, self.critic.is_some(), dropout);
         (self.skip_zero_advantage && exact).then(|| advantages.zero_rows())
     }
-
-    /// Logs the rows of a micro-batch left out (`split`) and gives them their share of the
-    /// ratio metrics: 0, since with `A = 0` no ratio counts as clipped or capped, weighted by
-    /// their rows or tokens as the loss weighs its own, so those metrics stay fractions of all
-    /// the step's rows or tokens. (`entropy` is of the scored rows only.)
-    fn skipped_stats(&self, r: &Rollout, split: &MicroSplit, stats: &mut StepStats) {
-        let cfg = self.cfg;
-        stats.count("skipped_zero_adv_rows", split.skipped_rows as f64);
-        let vanished = f64::from(u8::from(split.scored.is_empty()));
-        stats.count("skipped_zero_adv_micro_batches", vanished);
-        let rloo = cfg.estimator.advantage_estimator == Estimator::Rloo;
-        let per_row = rloo
-            || (cfg.importance_sampling_level == ImportanceSamplingLevel::Sequence
-                && matches!(r.advantages, Advantage::PerSequence(_)));
-        let w = if per_row {
-            split.skipped_rows as f64
-        } else {
-            split.skipped_tokens
-        };
-        if rloo || cfg.loss_type.is_clipped_surrogate() {
-            for key in CLIP_KEYS {
-                stats.add(key, 0.0, w);
-            }
-        } else if cfg.loss_type == LossType::Cispo {
-            stats.add("cispo_clip_ratio", 0.0, w);
-        }
-    }
-
-    /// The policy loss of the scored rows of a micro-batch (RLOO's or [`grpo_loss`]), its
-    /// ratio metrics to `stats`; `norm` says what the whole micro-batch and step hold.
-    fn policy_loss(
-        &self,
-        r: &Rollout,
-        rows: &[usize],
-        pass: &PolicyPass,
-        norm: LossNormalizer,
-        stats: &mut StepStats,
-    ) -> Result<Tensor> {
-        let cfg = self.cfg;
-        let (tc, device) = (pass.mask.dim(1)?, pass.mask.device());
-        let adv = r.advantages.tensor(rows, tc, device)?;
-        if cfg.estimator.advantage_estimator == Estimator::Rloo {
-            // TRL's RLOOTrainer has no sampler correction; the weights go to the GRPO loss only.
-            let out = rloo_loss(&RlooLossInputs {
-                logp: &pass.logp,
-                old_logp: pass.old.as_ref(),
-                advantages: &adv,
-                mask: &pass.mask,
-                epsilon_low: cfg.epsilon,
-                epsilon_high: cfg.epsilon_high(),
-                accumulation_steps: norm.accumulation_steps,
-                micro_batch_rows: norm.micro_batch.map(|m| m.rows),
-            })?;
-            let n = rows.len() as f64;
-            stats.add(CLIP_KEYS[0], out.clip_low, n);
-            stats.add(CLIP_KEYS[1], out.clip_high, n);
-            stats.add(CLIP_KEYS[2], out.clip_low + out.clip_high, n);
-            return Ok(out.loss);
-        }
-        let is_weight = match &r.is_weights {
-            Some(w) => {
-                let w: Vec<&[f32]> = rows.iter().map(|&i| &w[i][..]).collect();
-                Some(pad_rows(&w, tc, device)?)
-            }
-            None => None,
-        };
-        let inputs = LossInputs {
-            logp: &pass.logp,
-            old_logp: pass.old.as_ref(),
-            ref_logp: pass.reference.as_ref(),
-            advantages: &adv,
-            mask: &pass.mask,
-            entropies: pass.entropies.as_ref(),
-            is_weight: is_weight.as_ref(),
-            normalizer: norm,
-        };
-        let out = grpo_loss(&inputs, &cfg.loss_config())?;
-        let (ntok, nratio) = (out.stats.tokens, out.stats.ratio_count);
-        if let Some(c) = out.stats.clip {
-            stats.add(CLIP_KEYS[0], c.low, nratio);
-            stats.add(CLIP_KEYS[1], c.high, nratio);
-            stats.add(CLIP_KEYS[2], c.region, nratio);
-        }
-        if let Some(c) = out.stats.cispo_clip_ratio {
-            stats.add("cispo_clip_ratio", c, nratio);
-        }
-        if let Some(kl) = out.stats.kl {
-            stats.add("kl", kl, ntok);
-        }
-        Ok(out.loss)
-    }
-
-    /// PPO's clipped value loss of micro-batch `mb`: `(value, clipfrac, loss tensor)`.
-    fn value_loss(
-        &self,
-        critic: &Critic,
-        r: &Rollout,
-        mb: &[usize],
-        mask: &Tensor,
-        old: &[Vec<f32>],
-        returns: &[Vec<f64>],
-    ) -> Result<(f64, f64, Tensor)> {
-        let refs: Vec<&Sample> = mb.iter().map(|&i| &r.samples[i]).collect();
-        let values = critic.values(self.train, &refs, true)?;
-        let (tc, device) = (mask.dim(1)?, mask.device());
-        let old: Vec<&[f32]> = mb.iter().map(|&i| &old[i][..]).collect();
-        let ret: Vec<Vec<f32>> = mb
-            .iter()
-            .map(|&i| returns[i].iter().map(|&x| x as f32).collect())
-            .collect();
-        let ret: Vec<&[f32]> = ret.iter().map(|x| &x[..]).collect();
-        let out = value_loss(&ValueLossInputs {
-            values: &values,
-            old_values: &pad_rows(&old, tc, device)?,
-            returns: &pad_rows(&ret, tc, device)?,
-            mask,
-            clip: Some(self.cfg.estimator.cliprange_value),
-            accumulation_steps: self.cfg.args.gradient_accumulation_steps,
-        })?;
-        let v = out
-            .loss
-            .to_dtype(candle_core::DType::F64)?
-            .to_scalar::<f64>()?;
-        Ok((v, out.clipfrac, out.loss))
-    }
 }
 
 impl Algorithm for Online<'_> {
@@ -344,7 +208,7 @@ impl Algorithm for Online<'_> {
             share_prompts: cfg.share_prompts,
         };
         let (old, reference) = no_grad_passes(&passes, self.train, &samples, times)?;
-        let (is_weights, is_stats) = match (cfg.vllm.correction(), &old) {
+        let (is_weights, is_stats) = match (cfg.servers.correction(), &old) {
             (Some(c), Some(old)) => {
                 let keep: Vec<bool> = samples
                     .iter()
@@ -543,15 +407,15 @@ impl Algorithm for Online<'_> {
     }
 }
 
-/// The rollout servers of a config that uses them (waits up to `vllm_server_timeout` for each).
+/// The rollout servers of a config that uses them (waits up to `rollout_server_timeout` for each).
 fn connect_servers(cfg: &OnlineConfig) -> Result<Option<ServerPool>> {
-    if !cfg.vllm.on_servers() {
+    if !cfg.servers.on_servers() {
         return Ok(None);
     }
-    let timeout = std::time::Duration::from_secs_f64(cfg.vllm.vllm_server_timeout);
+    let timeout = std::time::Duration::from_secs_f64(cfg.servers.rollout_server_timeout);
     let root = cfg.args.output_dir.join("rollout_adapters");
-    let key = cfg.vllm.api_key()?;
-    let pool = ServerPool::connect(&cfg.vllm.urls(), timeout, &root, key.as_deref())?;
+    let key = cfg.servers.api_key()?;
+    let pool = ServerPool::connect(&cfg.servers.urls(), timeout, &root, key.as_deref())?;
     eprintln!(
         "rollouts on {} server(s): {}",
         pool.live().len(),
@@ -603,101 +467,4 @@ fn train_with(
         skip_zero_advantage,
     };
     crate::run::run(cfg, &mut algo, &mut p.policy, opts)
-}
-
-/// The logs every online trainer keeps: reward names, `samples.jsonl`, and the eval pass that
-/// writes its completions there too.
-pub(crate) struct OnlineLogs {
-    /// Reward function names, in config order.
-    pub names: Vec<String>,
-    samples: Option<SampleLog>,
-    /// Completions logged per step (an eval pass logs twice as many).
-    num_completions_to_log: usize,
-}
-
-impl OnlineLogs {
-    pub fn new(names: Vec<String>, num_completions_to_log: usize) -> Self {
-        OnlineLogs {
-            names,
-            samples: None,
-            num_completions_to_log,
-        }
-    }
-
-    /// Opens `samples.jsonl` in `out_dir` (cut back to `resumed_at` on resume).
-    pub fn open(&mut self, out_dir: &std::path::Path, resumed_at: Option<u64>) -> Result<()> {
-        self.samples =
-            Some(SampleLog::open(out_dir, resumed_at).map_err(TrainerError::io(out_dir))?);
-        Ok(())
-    }
-
-    fn write(&mut self, step: u64, logged: &[LoggedSample<'_>]) -> Result<()> {
-        if let Some(log) = &mut self.samples {
-            log.write(step, logged)
-                .map_err(|e| TrainerError::Other(format!("samples.jsonl: {e}")))?;
-        }
-        Ok(())
-    }
-
-    /// Logs the `picks` of a rollout's samples at `step`.
-    pub fn log_train(
-        &mut self,
-        step: u64,
-        items: &[PromptItem],
-        samples: &[Sample],
-        scores: &Scores,
-        advantages: Option<&[f64]>,
-        picks: impl IntoIterator<Item = usize>,
-    ) -> Result<()> {
-        let scored = (&self.names[..], scores);
-        let logged = pick("train", items, samples, scored, advantages, picks);
-        self.write(step, &logged)
-    }
-
-    /// An eval pass of `policy` on `eval` with `cfg`'s eval settings (None without prompts).
-    pub fn evaluate(
-        &mut self,
-        cfg: &OnlineConfig,
-        policy: &Policy,
-        eval: &[PromptItem],
-        rewards: &mut RewardSet,
-        at: Position,
-    ) -> Result<Option<Metrics>> {
-        if eval.is_empty() {
-            return Ok(None);
-        }
-        let settings = eval_settings(cfg, &policy.generation.eos_token_ids, policy.pad_id);
-        rewards.set_trainer_state(at.into());
-        let r = evaluate(&policy.model, &policy.text, eval, rewards, &settings)?;
-        let keep = self.num_completions_to_log.max(1) * 2;
-        let scored = (&self.names[..], &r.scores);
-        let logged = pick("eval", eval, &r.samples, scored, None, 0..keep);
-        self.write(at.global_step, &logged)?;
-        Ok(Some(r.metrics))
-    }
-}
-
-/// An online step's metrics: the rollout's, the optimiser's, the step's accumulated stats and,
-/// on a rollout's first step, its phase times.
-pub(crate) fn online_step_metrics(
-    rollout: &Metrics,
-    out: &StepOutcome,
-    first: bool,
-    times: &Metrics,
-) -> Metrics {
-    let mut m = rollout.clone();
-    m.push(("loss".into(), out.loss));
-    m.push(("grad_norm".into(), out.grad_norm));
-    m.push(("learning_rate".into(), out.lr));
-    m.extend(out.stats.means().map(|(k, v)| (k.to_string(), v)));
-    m.extend(out.stats.counts().map(|(k, v)| (k.to_string(), v)));
-    m.push((
-        "tokens_per_s".into(),
-        out.tokens as f64 / out.seconds.max(1e-9),
-    ));
-    if first {
-        m.extend(times.iter().cloned());
-    }
-    m.push(("time/update".into(), out.seconds));
-    m
 }

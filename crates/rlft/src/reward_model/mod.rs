@@ -183,10 +183,7 @@ impl Algorithm for RewardModel<'_> {
         let mut m: Metrics = vec![
             ("loss".into(), out.loss),
             ("learning_rate".into(), out.lr),
-            (
-                "grad_norm".into(),
-                if out.applied { out.grad_norm } else { f64::NAN },
-            ),
+            ("grad_norm".into(), out.grad_norm),
         ];
         m.extend(out.stats.means().map(|(k, v)| (k.to_string(), v)));
         m.push(("min_reward".into(), st.min_reward));
@@ -197,10 +194,6 @@ impl Algorithm for RewardModel<'_> {
         ));
         m.push(("time/update".into(), out.seconds));
         m
-    }
-
-    fn observe(&mut self, step: u64, metrics: &Metrics) -> Vec<String> {
-        crate::run::offline::skipped_step_warning(step, metrics)
     }
 
     fn evaluate(&mut self, policy: &Policy, _at: Position) -> Result<Option<Metrics>> {

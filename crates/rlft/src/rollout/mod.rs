@@ -4,6 +4,7 @@
 //! policy, reference).
 //!
 //! - [`eval`]: scoring samples with the rewards, and eval passes (also `rlft eval`);
+//! - [`logs`]: the online trainers' logs (`samples.jsonl`, eval passes) and step metrics;
 //! - [`samples`]: `samples.jsonl`, the completions a run shows;
 //! - [`stats`]: reward and length metrics with TRL's names, and the health signs.
 //!
@@ -26,6 +27,7 @@ use crate::run::Metrics;
 use eval::score_samples;
 
 pub mod eval;
+pub mod logs;
 pub mod pairs;
 pub mod remote;
 pub mod samples;

@@ -1,4 +1,4 @@
-//! Rollouts on OpenAI-compatible servers (TRL's `use_vllm = true`, `vllm_mode = "server"`):
+//! Rollouts on OpenAI-compatible servers (`rollout_servers`; TRL: `use_vllm = true`, `vllm_mode = "server"`):
 //! vLLM, SGLang or `rlft serve`, one or several.
 //!
 //! - Each prompt group is one `POST /v1/completions` with the prompt as token ids, `n =
@@ -8,7 +8,7 @@
 //!   g)`, so a run repeats whichever server a group lands on.
 //! - Groups are spread over the live servers from one queue (several requests in flight per
 //!   server, so their continuous batching has work). A request that fails to connect, times
-//!   out (`vllm_server_timeout`) or gets a 5xx/404 marks its server dead and goes back to the
+//!   out (`rollout_server_timeout`) or gets a 5xx/404 marks its server dead and goes back to the
 //!   queue for the others; a 4xx is the request's fault and stops the run. When no server is
 //!   left the rollout fails: the step is not trained on a partial batch.
 //! - The policy reaches the servers as a PEFT adapter: before each rollout whose step has not
@@ -18,7 +18,7 @@
 //!   Loopback (or a shared file system) is assumed: the servers read the path the trainer
 //!   wrote, so `rlft serve` must be started with `--allow-runtime-lora` naming
 //!   `<output_dir>/rollout_adapters` (or a directory above it).
-//! - With a key (`vllm_server_api_key` or `RLFT_API_KEY`) every request carries
+//! - With a key (`rollout_server_api_key` or `RLFT_API_KEY`) every request carries
 //!   `Authorization: Bearer KEY`; a 401 stops the run with a message about the key (which is
 //!   never printed).
 
@@ -91,7 +91,7 @@ impl Server {
 }
 
 /// What a 401 means to the person running the trainer.
-const KEY_HINT: &str = "the server wants an API key: set vllm_server_api_key (or RLFT_API_KEY) \
+const KEY_HINT: &str = "the server wants an API key: set rollout_server_api_key (or RLFT_API_KEY) \
                         to the key it was started with (rlft serve --api-key, vllm --api-key)";
 
 /// How a request failed.
@@ -159,7 +159,7 @@ fn wait_until_up(s: &Server, deadline: Instant, timeout: Duration) {
                     Err(e) => format!("GET /v1/models: {e}"),
                 };
                 s.drop_with(format!(
-                    "not up within vllm_server_timeout = {}s ({why})",
+                    "not up within rollout_server_timeout = {}s ({why})",
                     timeout.as_secs_f64()
                 ));
                 return;
@@ -231,7 +231,7 @@ impl ServerPool {
             })
             .collect();
         Err(TrainerError::Other(format!(
-            "no rollout server left (vllm_server_base_url), so this step is not trained:\n{}\n\
+            "no rollout server left (rollout_servers), so this step is not trained:\n{}\n\
              start the servers again (e.g. `rlft serve --model <base>`) and resume from the last \
              checkpoint",
             reasons.join("\n")

@@ -109,7 +109,7 @@ pub fn rollout_metrics(
 #[derive(Debug, Clone, PartialEq)]
 pub struct HealthWarning {
     /// Short identifier (`zero_reward_std`, `kl_high`, `format_up_accuracy_down`,
-    /// `all_truncated`, `non_finite`).
+    /// `all_truncated`; a skipped step is the run core's warning).
     pub kind: &'static str,
     /// What happened and what to try.
     pub message: String,
@@ -231,15 +231,6 @@ impl HealthMonitor {
                  mask_truncated_completions = true"
             )
         }));
-        let bad = ["loss", "grad_norm"]
-            .iter()
-            .any(|k| get(k).is_some_and(|v| !v.is_finite()));
-        out.extend(self.edge("non_finite", bad, || {
-            format!(
-                "step {step}: loss or gradient norm is not finite; the update was skipped. \
-                 Lower learning_rate, check rewards for NaN, or use max_grad_norm"
-            )
-        }));
         out
     }
 }
@@ -269,11 +260,10 @@ mod tests {
                 ("reward_std", 0.3),
                 ("kl", 0.9),
                 ("completions/clipped_ratio", 1.0),
-                ("loss", f64::NAN),
             ]),
         );
         let kinds: Vec<&str> = w.iter().map(|w| w.kind).collect();
-        assert_eq!(kinds, vec!["kl_high", "all_truncated", "non_finite"]);
+        assert_eq!(kinds, vec!["kl_high", "all_truncated"]);
     }
 
     #[test]

@@ -257,6 +257,16 @@ fn log(logger: &mut MetricsLogger, at: Position, m: &Metrics) -> Result<()> {
     Ok(())
 }
 
+/// An optimiser step as the core logs it.
+struct StepLog {
+    /// The algorithm's step metrics.
+    metrics: Metrics,
+    /// Whether the update was applied ([`StepOutcome::applied`]).
+    applied: bool,
+    /// Whether it is the first step of its unit.
+    first_of_unit: bool,
+}
+
 /// Everything one run holds besides the algorithm and the policy.
 struct Run<'a> {
     out_dir: &'a Path,
@@ -305,22 +315,26 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// Logs, warns, evaluates and marks saves after optimiser step `m` of `unit`.
+    /// Logs, warns, evaluates and marks saves after an optimiser step of `unit`.
     fn after_step<A: Algorithm>(
         &mut self,
         algo: &mut A,
         policy: &Policy,
         unit: &A::Unit,
-        mut m: Metrics,
-        first_of_unit: bool,
+        done: StepLog,
         args: &crate::config::TrainingArgs,
     ) -> Result<bool> {
-        if m.iter().any(|(k, _)| k == "skipped") {
-            self.summary.skipped_steps += 1;
-        }
-        m.retain(|(k, _)| k != "skipped");
-        m.push(("skipped_steps".into(), self.summary.skipped_steps as f64));
+        let (mut m, first_of_unit) = (done.metrics, done.first_of_unit);
         let (step, total) = (self.state.global_step, self.at().total_steps);
+        if !done.applied {
+            self.summary.skipped_steps += 1;
+            self.progress.println(&format!(
+                "warning [non_finite]: step {step}: non-finite loss or gradient norm; the update \
+                 was skipped. Lower learning_rate, check the data and rewards for NaN, or set \
+                 max_grad_norm"
+            ));
+        }
+        m.push(("skipped_steps".into(), self.summary.skipped_steps as f64));
         for w in algo.observe(step, &m) {
             self.progress.println(&format!("warning {w}"));
         }
@@ -484,11 +498,13 @@ fn train_loop<C: TrainerConfig, A: Algorithm>(
             run.state.num_input_tokens_seen += algo.tokens_seen(&unit, step, &out);
             run.state.epoch = run.data.epoch();
             ran += 1;
-            let mut m = algo.step_metrics(&unit, &out, i == 0, &unit_times);
-            if !out.applied {
-                m.push(("skipped".into(), 1.0));
-            }
-            save_due |= run.after_step(algo, policy, &unit, m, i == 0, args)?;
+            let m = algo.step_metrics(&unit, &out, i == 0, &unit_times);
+            let step = StepLog {
+                metrics: m,
+                applied: out.applied,
+                first_of_unit: i == 0,
+            };
+            save_due |= run.after_step(algo, policy, &unit, step, args)?;
         }
         if save_due && run.state.global_step < total {
             let t = Instant::now();

@@ -1,11 +1,8 @@
-//! What the offline pairwise trainers (reward models, DPO) share: a unit is one optimiser
-//! step's micro-batches of dataset rows, the step count follows from epochs or `max_steps`, and a
-//! skipped step raises the same warning.
+//! What the offline trainers (SFT, reward models, DPO) share: a unit is one optimiser step's
+//! micro-batches of dataset rows, and the step count follows from epochs or `max_steps`.
 
 use crate::config::TrainingArgs;
 use crate::data::DataCursor;
-
-use super::Metrics;
 
 /// Optimiser steps of a run over `rows` rows: `max_steps` when set, else `num_train_epochs`
 /// epochs of `train_batch()` rows per step (at least 1).
@@ -22,19 +19,5 @@ pub fn total_steps(args: &TrainingArgs, rows: usize) -> usize {
 pub fn next_step_rows(args: &TrainingArgs, data: &mut DataCursor) -> Vec<Vec<usize>> {
     (0..args.gradient_accumulation_steps)
         .map(|_| data.take(args.per_device_train_batch_size))
-        .collect()
-}
-
-/// The warning of a step whose update was skipped (its `grad_norm` is NaN).
-pub fn skipped_step_warning(step: u64, metrics: &Metrics) -> Vec<String> {
-    let skipped = metrics.iter().any(|(k, v)| k == "grad_norm" && v.is_nan());
-    skipped
-        .then(|| {
-            format!(
-                "[non_finite]: step {step}: non-finite loss or gradient norm; step skipped \
-                 (lower the learning rate or check the data)"
-            )
-        })
-        .into_iter()
         .collect()
 }

@@ -60,11 +60,12 @@ impl StepStats {
 pub struct StepOutcome {
     /// The step's loss (sum of its micro-batch losses).
     pub loss: f64,
-    /// Global gradient norm before clipping.
+    /// Global gradient norm before clipping; NaN when the update was skipped.
     pub grad_norm: f64,
     /// Learning rate of the step.
     pub lr: f64,
-    /// False when a non-finite loss or norm skipped the update.
+    /// False when a non-finite loss or norm skipped the update: the one signal of a skipped
+    /// step (the run core counts and warns; `grad_norm` is then NaN in the metrics).
     pub applied: bool,
     /// Tokens processed.
     pub tokens: usize,
@@ -144,7 +145,7 @@ pub(super) fn step<A: Algorithm>(
     }
     Ok(StepOutcome {
         loss: loss_sum,
-        grad_norm: norm,
+        grad_norm: if applied { norm } else { f64::NAN },
         lr,
         applied,
         tokens: stats.tokens,

@@ -106,28 +106,12 @@ impl Algorithm for Sft<'_> {
         vec![
             ("loss".into(), out.loss),
             ("learning_rate".into(), out.lr),
-            (
-                "grad_norm".into(),
-                if out.applied { out.grad_norm } else { f64::NAN },
-            ),
+            ("grad_norm".into(), out.grad_norm),
             (
                 "tokens_per_s".into(),
                 out.tokens as f64 / out.seconds.max(1e-9),
             ),
         ]
-    }
-
-    fn observe(&mut self, step: u64, metrics: &Metrics) -> Vec<String> {
-        let skipped = metrics.iter().any(|(k, v)| k == "grad_norm" && v.is_nan());
-        skipped
-            .then(|| {
-                format!(
-                    "[non_finite]: step {step}: non-finite loss or gradient norm; step skipped \
-                     (lower the learning rate or check the data)"
-                )
-            })
-            .into_iter()
-            .collect()
     }
 
     fn evaluate(&mut self, policy: &Policy, _at: Position) -> Result<Option<Metrics>> {

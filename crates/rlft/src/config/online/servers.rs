@@ -1,43 +1,34 @@
-//! Rollouts on OpenAI-compatible servers (vLLM, SGLang or `rlft serve`) with TRL 1.16's names
-//! (`trl/trainer/grpo_config.py:118-170, 318-345`): `use_vllm = true` and `vllm_mode =
-//! "server"` send generation to `vllm_server_base_url` (one URL or a list), and the sampler /
-//! trainer log-prob mismatch is corrected by importance sampling
-//! (`vllm_importance_sampling_*`). See `docs/grpo.md#rollouts-on-servers`.
+//! Rollouts on OpenAI-compatible servers (vLLM, SGLang or `rlft serve`): `rollout_servers`
+//! (one base URL or a list) sends generation to them, and the sampler / trainer log-prob
+//! mismatch is corrected by importance sampling (`rollout_is*`, verl's names). See
+//! `docs/grpo.md#rollouts-on-servers`.
 //!
-//! Differences from TRL, each on purpose:
-//! - `vllm_server_base_url` also takes a list of URLs; prompt groups are spread over them and a
-//!   server that fails is left for the others.
-//! - `vllm_server_timeout` is both TRL's "wait this long for the server to be up" and the limit
-//!   of one generation request (TRL has no per-request limit).
-//! - Weights reach the servers as a PEFT adapter through `/v1/load_lora_adapter` (vLLM's
-//!   runtime-LoRA API), so `use_peft = true` is required; TRL pushes full weights over NCCL.
+//! TRL 1.16's keys (`trl/trainer/grpo_config.py:118-170, 318-345`) are accepted as they are
+//! ([`resolve_trl_keys`]): `use_vllm = true` with `vllm_mode = "server"` and
+//! `vllm_server_base_url` (or `vllm_server_host` / `vllm_server_port`) is `rollout_servers`;
+//! `vllm_server_timeout`, `vllm_importance_sampling_*` are the keys below. Differences from
+//! TRL, each on purpose:
+//! - a list of URLs is allowed; prompt groups are spread over them and a server that fails is
+//!   left for the others;
+//! - the timeout is both TRL's "wait this long for the server to be up" and the limit of one
+//!   generation request (TRL has no per-request limit);
+//! - weights reach the servers as a PEFT adapter through `/v1/load_lora_adapter` (vLLM's
+//!   runtime-LoRA API), so `use_peft = true` is required; TRL pushes full weights over NCCL;
 //! - `vllm_mode = "colocate"` (TRL's default) is rlft's in-process rollout: generation runs in
 //!   the trainer's process on the trainer's weights, as TRL's colocated vLLM does, so a TRL
-//!   config with `use_vllm = true` and no `vllm_mode` trains as it is. The server keys are
-//!   then unused.
-//! - TOML has no null: `vllm_importance_sampling_clip_max = inf` stands for TRL's `None`.
-//! - `vllm_server_api_key` (rlft's; TRL has no key) is sent as `Authorization: Bearer KEY` to
-//!   servers started with `--api-key` (rlft serve, vLLM); unset, `RLFT_API_KEY` is used. The
-//!   key is never printed: a config echoed or saved (`config.toml`, `run_summary.json`) shows
-//!   `"***"` in its place.
+//!   config with `use_vllm = true` and no `vllm_mode` trains as it is (the server keys are then
+//!   unused);
+//! - TOML has no null: `rollout_is_threshold = inf` stands for TRL's `None`;
+//! - `rollout_server_api_key` (TRL has no key) is sent as `Authorization: Bearer KEY` to servers
+//!   started with `--api-key` (rlft serve, vLLM); unset, `RLFT_API_KEY` is used. The key is
+//!   never printed: a config echoed or saved (`config.toml`, `run_summary.json`) shows `"***"`.
 
 use serde::{Deserialize, Serialize};
 
 use crate::algo::is_correction::{IsCorrection, IsMode};
 use crate::config::ConfigError;
 
-/// Where vLLM runs (`vllm_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum VllmMode {
-    /// A separate server the trainer talks to over HTTP.
-    Server,
-    /// Generation in the trainer's process (TRL's default): rlft's own rollout.
-    #[default]
-    Colocate,
-}
-
-/// `vllm_server_base_url`: one URL or several.
+/// `rollout_servers`: one URL or several.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum ServerUrls {
@@ -47,7 +38,7 @@ pub enum ServerUrls {
     Many(Vec<String>),
 }
 
-/// The environment variable `vllm_server_api_key` falls back to (`rlft serve` reads it too).
+/// The environment variable `rollout_server_api_key` falls back to (`rlft serve` reads it too).
 pub const API_KEY_ENV: &str = "RLFT_API_KEY";
 
 /// What a saved or printed config shows instead of a secret.
@@ -83,77 +74,162 @@ impl Serialize for Secret {
     }
 }
 
-/// The rollout-server keys (flat keys of an online config).
+/// Rollouts on servers and their sampler correction (flat keys of an online config).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
-pub struct VllmSettings {
-    /// Generate on OpenAI-compatible servers instead of in process (TRL `use_vllm`).
-    pub use_vllm: bool,
-    /// "server" (generate on `vllm_server_base_url`) or "colocate" (TRL's default: in process,
-    /// as with `use_vllm = false`).
-    pub vllm_mode: VllmMode,
-    /// Base URL of the server, e.g. "http://127.0.0.1:8000", or a list of them; unset =
-    /// `http://{vllm_server_host}:{vllm_server_port}`.
-    pub vllm_server_base_url: Option<ServerUrls>,
-    /// Host of the server when `vllm_server_base_url` is unset.
-    pub vllm_server_host: String,
-    /// Port of the server when `vllm_server_base_url` is unset.
-    pub vllm_server_port: u16,
+pub struct RolloutServers {
+    /// OpenAI-compatible servers that generate the rollouts: a base URL such as
+    /// "http://127.0.0.1:8000", or a list of them; unset = generation in the trainer's process.
+    /// TRL: `use_vllm = true`, `vllm_mode = "server"`, `vllm_server_base_url`.
+    pub rollout_servers: Option<ServerUrls>,
     /// Seconds to wait for each server to be up at start, and the limit of one request; a
-    /// server that misses it is dropped and its prompt groups go to the others.
-    pub vllm_server_timeout: f64,
+    /// server that misses it is dropped and its prompt groups go to the others (TRL
+    /// `vllm_server_timeout`).
+    pub rollout_server_timeout: f64,
     /// The servers' API key (`rlft serve --api-key`, vLLM `--api-key`), sent as
     /// `Authorization: Bearer KEY`; unset = the `RLFT_API_KEY` environment variable, or none.
     /// Saved and printed configs show `"***"`.
-    pub vllm_server_api_key: Option<Secret>,
-    /// Weight the policy loss by the trainer/sampler probability ratio (TRL
-    /// `vllm_importance_sampling_correction`).
-    pub vllm_importance_sampling_correction: bool,
-    /// "token_truncate", "token_mask", "sequence_truncate" or "sequence_mask" (TRL's default):
-    /// per-token or per-sequence ratios, clipped to or masked outside [clip_min, clip_max].
-    pub vllm_importance_sampling_mode: IsMode,
-    /// Upper bound C_max of the ratio (TRL 3.0; `inf` = none).
-    pub vllm_importance_sampling_clip_max: f64,
-    /// Lower bound C_min of the ratio (unset = none).
-    pub vllm_importance_sampling_clip_min: Option<f64>,
-    /// Deprecated TRL name of `vllm_importance_sampling_clip_max`; when set it wins.
-    pub vllm_importance_sampling_cap: Option<f64>,
+    pub rollout_server_api_key: Option<Secret>,
+    /// Importance sampling of server rollouts: weight the policy loss by the trainer/sampler
+    /// probability ratio (verl `rollout_is`; TRL `vllm_importance_sampling_correction`).
+    pub rollout_is: bool,
+    /// "token_truncate", "token_mask", "sequence_truncate" or "sequence_mask" (the default):
+    /// per-token or per-sequence ratios, clipped to or masked outside the thresholds (TRL
+    /// `vllm_importance_sampling_mode`).
+    pub rollout_is_mode: IsMode,
+    /// Upper bound of the ratio (verl `rollout_is_threshold`; TRL
+    /// `vllm_importance_sampling_clip_max`, or its deprecated `_cap`; `inf` = none).
+    pub rollout_is_threshold: f64,
+    /// Lower bound of the ratio (verl `rollout_is_threshold_lower`; TRL
+    /// `vllm_importance_sampling_clip_min`; unset = none).
+    pub rollout_is_threshold_lower: Option<f64>,
 }
 
-impl Default for VllmSettings {
+impl Default for RolloutServers {
+    /// TRL 1.16's defaults.
     fn default() -> Self {
-        VllmSettings {
-            use_vllm: false,
-            vllm_mode: VllmMode::Colocate,
-            vllm_server_base_url: None,
-            vllm_server_host: "0.0.0.0".into(),
-            vllm_server_port: 8000,
-            vllm_server_timeout: 240.0,
-            vllm_server_api_key: None,
-            vllm_importance_sampling_correction: true,
-            vllm_importance_sampling_mode: IsMode::SequenceMask,
-            vllm_importance_sampling_clip_max: 3.0,
-            vllm_importance_sampling_clip_min: None,
-            vllm_importance_sampling_cap: None,
+        RolloutServers {
+            rollout_servers: None,
+            rollout_server_timeout: 240.0,
+            rollout_server_api_key: None,
+            rollout_is: true,
+            rollout_is_mode: IsMode::SequenceMask,
+            rollout_is_threshold: 3.0,
+            rollout_is_threshold_lower: None,
         }
     }
 }
 
-impl VllmSettings {
+/// TRL's keys that are ours under another name: (TRL key, rlft key).
+const TRL_RENAMES: &[(&str, &str)] = &[
+    ("vllm_server_timeout", "rollout_server_timeout"),
+    ("vllm_server_api_key", "rollout_server_api_key"),
+    ("vllm_importance_sampling_correction", "rollout_is"),
+    ("vllm_importance_sampling_mode", "rollout_is_mode"),
+    ("vllm_importance_sampling_clip_max", "rollout_is_threshold"),
+    (
+        "vllm_importance_sampling_clip_min",
+        "rollout_is_threshold_lower",
+    ),
+];
+
+/// TRL's keys that say where generation runs, folded into `rollout_servers`.
+const TRL_PLACEMENT: &[&str] = &[
+    "use_vllm",
+    "vllm_mode",
+    "vllm_server_base_url",
+    "vllm_server_host",
+    "vllm_server_port",
+    "vllm_importance_sampling_cap",
+];
+
+/// Every TRL key [`resolve_trl_keys`] accepts.
+pub fn trl_keys() -> Vec<&'static str> {
+    TRL_RENAMES
+        .iter()
+        .map(|(k, _)| *k)
+        .chain(TRL_PLACEMENT.iter().copied())
+        .collect()
+}
+
+/// Rewrites TRL's `use_vllm` / `vllm_*` keys of `table` into this struct's keys: `use_vllm`
+/// with `vllm_mode = "server"` becomes `rollout_servers` (`vllm_server_base_url`, else
+/// `http://{vllm_server_host}:{vllm_server_port}`, TRL's defaults 0.0.0.0 and 8000);
+/// `vllm_mode = "colocate"` (TRL's default) or `use_vllm = false` leaves generation in process
+/// and the server keys unused; `vllm_importance_sampling_cap` (deprecated in TRL) wins over
+/// `_clip_max`, as in TRL.
+pub fn resolve_trl_keys(table: &mut toml::Table) -> Result<(), ConfigError> {
+    let bad = |m: String| Err(ConfigError::Invalid(m));
+    for (trl, ours) in TRL_RENAMES {
+        if let Some(v) = table.remove(*trl) {
+            if table.contains_key(*ours) {
+                return bad(format!(
+                    "both `{trl}` (TRL's name) and `{ours}` are set; keep one"
+                ));
+            }
+            table.insert(ours.to_string(), v);
+        }
+    }
+    if let Some(cap) = table.remove("vllm_importance_sampling_cap") {
+        table.insert("rollout_is_threshold".into(), cap);
+    }
+    let use_vllm = match table.remove("use_vllm") {
+        None => false,
+        Some(toml::Value::Boolean(b)) => b,
+        Some(v) => return bad(format!("use_vllm must be true or false (got {v})")),
+    };
+    let server = match table.remove("vllm_mode") {
+        None => false,
+        Some(toml::Value::String(m)) if m == "server" => true,
+        Some(toml::Value::String(m)) if m == "colocate" => false,
+        Some(v) => {
+            return bad(format!(
+                "vllm_mode must be \"server\" (generate on vllm_server_base_url) or \"colocate\" \
+                 (in the trainer's process; got {v})"
+            ))
+        }
+    };
+    let base = table.remove("vllm_server_base_url");
+    let host = table.remove("vllm_server_host");
+    let port = table.remove("vllm_server_port");
+    if !(use_vllm && server) {
+        return Ok(());
+    }
+    if table.contains_key("rollout_servers") {
+        return bad(
+            "both `use_vllm` with `vllm_mode = \"server\"` (TRL's names) and `rollout_servers` \
+             are set; keep `rollout_servers`"
+                .into(),
+        );
+    }
+    let urls = match base {
+        Some(urls) => urls,
+        None => {
+            let host = host.as_ref().and_then(|h| h.as_str()).unwrap_or("0.0.0.0");
+            let port = match port {
+                None => 8000,
+                Some(toml::Value::Integer(p)) if (1..=65535).contains(&p) => p,
+                Some(v) => return bad(format!("vllm_server_port must be a port number (got {v})")),
+            };
+            toml::Value::String(format!("http://{host}:{port}"))
+        }
+    };
+    table.insert("rollout_servers".into(), urls);
+    Ok(())
+}
+
+impl RolloutServers {
     /// Whether rollouts go to servers.
     pub fn on_servers(&self) -> bool {
-        self.use_vllm && self.vllm_mode == VllmMode::Server
+        self.rollout_servers.is_some()
     }
 
     /// The servers' base URLs (no trailing `/` or `/v1`).
     pub fn urls(&self) -> Vec<String> {
-        let raw = match &self.vllm_server_base_url {
+        let raw = match &self.rollout_servers {
             Some(ServerUrls::One(u)) => vec![u.clone()],
             Some(ServerUrls::Many(v)) => v.clone(),
-            None => vec![format!(
-                "http://{}:{}",
-                self.vllm_server_host, self.vllm_server_port
-            )],
+            None => Vec::new(),
         };
         raw.iter()
             .map(|u| {
@@ -163,11 +239,11 @@ impl VllmSettings {
             .collect()
     }
 
-    /// The key to send the servers: `vllm_server_api_key`, else `RLFT_API_KEY` (unset or
+    /// The key to send the servers: `rollout_server_api_key`, else `RLFT_API_KEY` (unset or
     /// empty: none), checked to fit an HTTP header.
     pub fn api_key(&self) -> Result<Option<String>, ConfigError> {
-        if let Some(k) = &self.vllm_server_api_key {
-            check_api_key(k.expose(), "vllm_server_api_key")?;
+        if let Some(k) = &self.rollout_server_api_key {
+            check_api_key(k.expose(), "rollout_server_api_key")?;
             return Ok(Some(k.expose().to_string()));
         }
         match std::env::var(API_KEY_ENV) {
@@ -181,12 +257,10 @@ impl VllmSettings {
 
     /// The importance-sampling correction, when rollouts come from servers and it is on.
     pub fn correction(&self) -> Option<IsCorrection> {
-        (self.on_servers() && self.vllm_importance_sampling_correction).then(|| IsCorrection {
-            mode: self.vllm_importance_sampling_mode,
-            clip_min: self.vllm_importance_sampling_clip_min,
-            clip_max: self
-                .vllm_importance_sampling_cap
-                .unwrap_or(self.vllm_importance_sampling_clip_max),
+        (self.on_servers() && self.rollout_is).then_some(IsCorrection {
+            mode: self.rollout_is_mode,
+            clip_min: self.rollout_is_threshold_lower,
+            clip_max: self.rollout_is_threshold,
         })
     }
 
@@ -198,33 +272,34 @@ impl VllmSettings {
         }
         if !use_peft {
             return bad(
-                "use_vllm = true needs use_peft = true: rlft sends the trained weights to the \
-                 servers as a LoRA adapter (/v1/load_lora_adapter) after each step; full \
-                 fine-tuning would need TRL's NCCL weight sync, which rlft does not have. Set \
-                 use_peft = true, or use_vllm = false"
+                "rollout_servers (TRL: use_vllm with vllm_mode = \"server\") needs use_peft = \
+                 true: rlft sends the trained weights to the servers as a LoRA adapter \
+                 (/v1/load_lora_adapter) after each step; full fine-tuning would need TRL's NCCL \
+                 weight sync, which rlft does not have. Set use_peft = true, or remove \
+                 rollout_servers to generate in process"
                     .into(),
             );
         }
         let urls = self.urls();
         if urls.is_empty() {
-            return bad("vllm_server_base_url is an empty list; give at least one URL".into());
+            return bad("rollout_servers is an empty list; give at least one URL".into());
         }
         for u in &urls {
             if let Err(m) = rlft_rewards::http_client::parse_url(u) {
-                return bad(format!("vllm_server_base_url: {m}"));
+                return bad(format!("rollout_servers: {m}"));
             }
         }
-        if !(self.vllm_server_timeout > 0.0 && self.vllm_server_timeout.is_finite()) {
+        let timeout = self.rollout_server_timeout;
+        if !(timeout > 0.0 && timeout.is_finite()) {
             return bad(format!(
-                "vllm_server_timeout must be a positive number of seconds (got {})",
-                self.vllm_server_timeout
+                "rollout_server_timeout must be a positive number of seconds (got {timeout})"
             ));
         }
         if let Some(c) = self.correction() {
             c.check().map_err(ConfigError::Invalid)?;
         }
-        if let Some(k) = &self.vllm_server_api_key {
-            check_api_key(k.expose(), "vllm_server_api_key")?;
+        if let Some(k) = &self.rollout_server_api_key {
+            check_api_key(k.expose(), "rollout_server_api_key")?;
         }
         Ok(())
     }
@@ -251,15 +326,21 @@ fn check_api_key(key: &str, from: &str) -> Result<(), ConfigError> {
 mod tests {
     use super::*;
 
+    fn servers(urls: ServerUrls) -> RolloutServers {
+        RolloutServers {
+            rollout_servers: Some(urls),
+            ..Default::default()
+        }
+    }
+
+    fn resolved(text: &str) -> Result<toml::Table, ConfigError> {
+        let mut t: toml::Table = text.parse().unwrap();
+        resolve_trl_keys(&mut t).map(|_| t)
+    }
+
     #[test]
     fn urls_and_checks() {
-        let mut v = VllmSettings {
-            use_vllm: true,
-            vllm_mode: VllmMode::Server,
-            ..Default::default()
-        };
-        assert_eq!(v.urls(), vec!["http://0.0.0.0:8000"]);
-        v.vllm_server_base_url = Some(ServerUrls::Many(vec![
+        let mut v = servers(ServerUrls::Many(vec![
             "http://127.0.0.1:1/".into(),
             "http://127.0.0.1:2/v1".into(),
         ]));
@@ -267,25 +348,71 @@ mod tests {
         assert!(v.check(true).is_ok());
         let e = v.check(false).unwrap_err().to_string();
         assert!(e.contains("use_peft = true"), "{e}");
-        // Colocated: the in-process rollout, with nothing of the servers checked or used.
-        v.vllm_mode = VllmMode::Colocate;
-        assert!(v.check(false).is_ok());
-        assert!(!v.on_servers() && v.correction().is_none());
-        v.vllm_mode = VllmMode::Server;
-        v.vllm_importance_sampling_clip_min = Some(5.0);
-        assert!(v.check(true).unwrap_err().to_string().contains("clip_min"));
-        v.vllm_importance_sampling_cap = Some(8.0);
+        v.rollout_is_threshold_lower = Some(5.0);
+        assert!(v
+            .check(true)
+            .unwrap_err()
+            .to_string()
+            .contains("rollout_is_threshold"));
+        v.rollout_is_threshold = 8.0;
         assert!(v.check(true).is_ok());
         assert_eq!(v.correction().unwrap().clip_max, 8.0);
+        // In process: nothing of the servers checked or used.
+        let local = RolloutServers::default();
+        assert!(local.check(false).is_ok());
+        assert!(!local.on_servers() && local.correction().is_none());
+        let e = servers(ServerUrls::Many(vec![])).check(true).unwrap_err();
+        assert!(e.to_string().contains("empty list"), "{e}");
+    }
+
+    #[test]
+    fn trl_keys_are_accepted_as_they_are() {
+        // use_vllm + server mode: the base URL, or host and port, become rollout_servers.
+        let t = resolved(
+            "use_vllm = true\nvllm_mode = \"server\"\nvllm_server_base_url = [\"http://a:1\"]\n\
+             vllm_server_timeout = 60\nvllm_importance_sampling_clip_min = 0.5",
+        )
+        .unwrap();
+        assert_eq!(
+            t["rollout_servers"],
+            toml::Value::Array(vec!["http://a:1".into()])
+        );
+        assert_eq!(t["rollout_server_timeout"], toml::Value::Integer(60));
+        assert_eq!(t["rollout_is_threshold_lower"], toml::Value::Float(0.5));
+        assert!(!t.keys().any(|k| k.starts_with("vllm") || k == "use_vllm"));
+        let t =
+            resolved("use_vllm = true\nvllm_mode = \"server\"\nvllm_server_port = 8001").unwrap();
+        assert_eq!(t["rollout_servers"].as_str(), Some("http://0.0.0.0:8001"));
+        // TRL's default mode, colocate, and use_vllm = false: generation stays in process.
+        for text in [
+            "use_vllm = true\nvllm_server_base_url = \"http://a:1\"",
+            "vllm_mode = \"server\"\nvllm_server_host = \"a\"",
+        ] {
+            let t = resolved(text).unwrap();
+            assert!(t.is_empty(), "{text}: {t:?}");
+        }
+        // The deprecated cap wins over clip_max, as in TRL.
+        let t =
+            resolved("vllm_importance_sampling_clip_max = 2.0\nvllm_importance_sampling_cap = 8.0")
+                .unwrap();
+        assert_eq!(t["rollout_is_threshold"], toml::Value::Float(8.0));
+        // Conflicts and bad values say what to change.
+        let e = |text: &str| resolved(text).unwrap_err().to_string();
+        assert!(e("vllm_server_timeout = 1\nrollout_server_timeout = 2").contains("keep one"));
+        assert!(
+            e("use_vllm = true\nvllm_mode = \"server\"\nrollout_servers = \"http://a:1\"")
+                .contains("keep `rollout_servers`")
+        );
+        assert!(e("vllm_mode = \"remote\"").contains("\"colocate\""));
+        assert!(e("use_vllm = 1").contains("true or false"));
+        assert_eq!(trl_keys().len(), 12);
     }
 
     #[test]
     fn the_api_key_is_checked_and_never_shown() {
-        let mut v = VllmSettings {
-            use_vllm: true,
-            vllm_mode: VllmMode::Server,
-            vllm_server_api_key: Some(Secret::new("sk-top-secret")),
-            ..Default::default()
+        let mut v = RolloutServers {
+            rollout_server_api_key: Some(Secret::new("sk-top-secret")),
+            ..servers(ServerUrls::One("http://a:1".into()))
         };
         assert!(v.check(true).is_ok());
         assert_eq!(v.api_key().unwrap().as_deref(), Some("sk-top-secret"));
@@ -298,16 +425,16 @@ mod tests {
             assert!(!s.contains("top-secret") && s.contains(MASKED), "{s}");
         }
         // A saved config read back holds the mask, which is refused with the fix.
-        let back: VllmSettings = toml::from_str(&shown[2]).unwrap();
+        let back: RolloutServers = toml::from_str(&shown[2]).unwrap();
         let e = back.check(true).unwrap_err().to_string();
         assert!(
-            e.contains("vllm_server_api_key") && e.contains("RLFT_API_KEY"),
+            e.contains("rollout_server_api_key") && e.contains("RLFT_API_KEY"),
             "{e}"
         );
         for bad in ["", "two words", "line\nbreak"] {
-            v.vllm_server_api_key = Some(Secret::new(bad));
+            v.rollout_server_api_key = Some(Secret::new(bad));
             let e = v.check(true).unwrap_err().to_string();
-            assert!(e.contains("vllm_server_api_key"), "{e}");
+            assert!(e.contains("rollout_server_api_key"), "{e}");
             assert!(bad.is_empty() || !e.contains(bad), "{e}");
         }
     }
