@@ -50,6 +50,8 @@ run() { # NAME COMMAND ARGS...
   echo "== $name"
   "$RLFT" "$@" "${COMMON[@]}" --set "output_dir=$OUT/$name" >"$OUT/$name.log" 2>&1 ||
     { tail -20 "$OUT/$name.log"; exit 1; }
+  # Only the metrics are compared: drop the checkpoints and exported models (GBs).
+  find "$OUT/$name" -mindepth 1 -maxdepth 1 ! -name metrics.jsonl -exec rm -rf {} +
 }
 
 run grpo grpo --config $EX/cpu.toml "${ONLINE[@]}"

@@ -28,7 +28,6 @@ pub mod score;
 mod setup;
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use candle_core::{DType, Tensor};
 use rlft_model::score::{
@@ -108,9 +107,6 @@ struct RewardModel<'a> {
     eval: &'a [RewardPair],
     has_margin: bool,
     total_steps: u64,
-    /// The current step's chosen and rejected scores (for min / max), drained by
-    /// `step_metrics`.
-    step_scores: Mutex<(Vec<f32>, Vec<f32>)>,
 }
 
 impl Algorithm for RewardModel<'_> {
@@ -171,23 +167,21 @@ impl Algorithm for RewardModel<'_> {
         stats.add("accuracy", st.accuracy, n);
         stats.add("margin", st.margin, n);
         stats.add("mean_reward", st.mean_reward, 2.0 * n);
-        let mut all = self.step_scores.lock().expect("not poisoned");
-        all.0.extend(chosen);
-        all.1.extend(rejected);
+        stats.min("min_reward", st.min_reward);
+        stats.max("max_reward", st.max_reward);
         Ok(Some((l.sum_all()? / step_pairs.max(1) as f64)?))
     }
 
     fn step_metrics(&self, _: &Self::Unit, out: &StepOutcome, _: bool, _: &Metrics) -> Metrics {
-        let (chosen, rejected) = std::mem::take(&mut *self.step_scores.lock().expect("poison"));
-        let st = PairStats::of(&chosen, &rejected);
         let mut m: Metrics = vec![
             ("loss".into(), out.loss),
             ("learning_rate".into(), out.lr),
             ("grad_norm".into(), out.grad_norm),
         ];
         m.extend(out.stats.means().map(|(k, v)| (k.to_string(), v)));
-        m.push(("min_reward".into(), st.min_reward));
-        m.push(("max_reward".into(), st.max_reward));
+        for key in ["min_reward", "max_reward"] {
+            m.push((key.into(), out.stats.extreme(key).unwrap_or(f64::NAN)));
+        }
         m.push((
             "tokens_per_s".into(),
             out.tokens as f64 / out.seconds.max(1e-9),
@@ -265,7 +259,6 @@ pub fn train(cfg: &RewardConfig, p: &mut Prepared, opts: &RunOptions) -> Result<
         eval: &p.eval,
         has_margin: p.has_margin,
         total_steps: p.total_steps as u64,
-        step_scores: Mutex::default(),
     };
     crate::run::run(cfg, &mut algo, &mut p.policy, opts)
 }

@@ -19,11 +19,13 @@ use crate::config::{LrSchedulerType, TrainingArgs};
 use crate::error::Result;
 
 /// Token-weighted means of a step's diagnostics (clip ratios, KL, entropy...), summed over its
-/// micro-batches, and counts summed over them.
+/// micro-batches, counts summed over them, and extremes (smallest / largest) over them.
 #[derive(Debug, Clone, Default)]
 pub struct StepStats {
     sums: BTreeMap<&'static str, (f64, f64)>,
     totals: BTreeMap<&'static str, f64>,
+    lows: BTreeMap<&'static str, f64>,
+    highs: BTreeMap<&'static str, f64>,
     /// Tokens the step's forward passes processed (for `tokens_per_s`).
     pub tokens: usize,
 }
@@ -52,6 +54,23 @@ impl StepStats {
     /// The counts, by key.
     pub fn counts(&self) -> impl Iterator<Item = (&'static str, f64)> + '_ {
         self.totals.iter().map(|(k, n)| (*k, *n))
+    }
+
+    /// Keeps the smallest `value` seen under `key`.
+    pub fn min(&mut self, key: &'static str, value: f64) {
+        let e = self.lows.entry(key).or_insert(f64::INFINITY);
+        *e = e.min(value);
+    }
+
+    /// Keeps the largest `value` seen under `key`.
+    pub fn max(&mut self, key: &'static str, value: f64) {
+        let e = self.highs.entry(key).or_insert(f64::NEG_INFINITY);
+        *e = e.max(value);
+    }
+
+    /// The smallest value kept under `key` by [`Self::min`], or the largest by [`Self::max`].
+    pub fn extreme(&self, key: &str) -> Option<f64> {
+        self.lows.get(key).or_else(|| self.highs.get(key)).copied()
     }
 }
 

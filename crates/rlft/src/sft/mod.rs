@@ -72,10 +72,7 @@ impl Algorithm for Sft<'_> {
         _at: Position,
         _times: &mut Metrics,
     ) -> Result<Self::Unit> {
-        let a = &self.cfg.args;
-        Ok((0..a.gradient_accumulation_steps)
-            .map(|_| data.take(a.per_device_train_batch_size))
-            .collect())
+        Ok(crate::run::offline::next_step_rows(&self.cfg.args, data))
     }
 
     fn steps(&self, unit: &Self::Unit) -> Vec<Vec<Vec<usize>>> {

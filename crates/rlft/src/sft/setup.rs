@@ -79,13 +79,7 @@ pub fn prepare(cfg: &SftConfig, model_path: &Path, device: &Device) -> Result<Pr
     };
     let per_step = a.train_batch();
     let steps_per_epoch = train.len().div_ceil(per_step);
-    let total_steps = if a.max_steps > 0 {
-        a.max_steps
-    } else {
-        ((steps_per_epoch as f64) * a.num_train_epochs)
-            .ceil()
-            .max(1.0) as usize
-    };
+    let total_steps = crate::run::offline::total_steps(a, train.len());
     eprintln!(
         "batch: {} examples/micro-batch x {} accumulation = {per_step} per step; {} steps/epoch; \
          {total_steps} steps; {}",
