@@ -205,7 +205,11 @@ pub fn resolve_trl_keys(table: &mut toml::Table) -> Result<(), ConfigError> {
     let urls = match base {
         Some(urls) => urls,
         None => {
-            let host = host.as_ref().and_then(|h| h.as_str()).unwrap_or("0.0.0.0");
+            let host = match &host {
+                None => "0.0.0.0",
+                Some(toml::Value::String(h)) if !h.trim().is_empty() => h.trim(),
+                Some(v) => return bad(format!("vllm_server_host must be a host name (got {v})")),
+            };
             let port = match port {
                 None => 8000,
                 Some(toml::Value::Integer(p)) if (1..=65535).contains(&p) => p,
@@ -405,6 +409,10 @@ mod tests {
         );
         assert!(e("vllm_mode = \"remote\"").contains("\"colocate\""));
         assert!(e("use_vllm = 1").contains("true or false"));
+        assert!(
+            e("use_vllm = true\nvllm_mode = \"server\"\nvllm_server_host = 1")
+                .contains("host name")
+        );
         assert_eq!(trl_keys().len(), 12);
     }
 
