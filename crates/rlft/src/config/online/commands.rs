@@ -158,11 +158,7 @@ fn default_critic(table: &mut toml::Table) {
 mod tests {
     use super::*;
 
-    const BASE: &str = "dataset = \"d.jsonl\"\n[[rewards]]\ntype = \"boxed_accuracy\"\n";
-
-    fn parse<C: TrainerConfig>(extra: &str) -> Result<C, ConfigError> {
-        C::from_table(format!("{extra}\n{BASE}").parse().unwrap(), "test.toml")
-    }
+    use crate::config::online::tests::parse_as as parse;
 
     #[test]
     fn each_command_has_its_defaults() {

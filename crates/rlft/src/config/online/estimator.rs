@@ -179,14 +179,8 @@ impl OnlineConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::online::tests::parse_as as parse;
     use crate::config::online::{PpoConfig, RlooConfig};
-    use crate::config::TrainerConfig;
-
-    const BASE: &str = "dataset = \"d.jsonl\"\n[[rewards]]\ntype = \"boxed_accuracy\"\n";
-
-    fn parse<C: TrainerConfig>(extra: &str) -> Result<C, ConfigError> {
-        C::from_table(format!("{extra}\n{BASE}").parse().unwrap(), "test.toml")
-    }
 
     #[test]
     fn conflicts_name_the_fix() {

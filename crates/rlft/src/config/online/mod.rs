@@ -375,9 +375,13 @@ mod tests {
 
     const BASE: &str = "dataset = \"d.jsonl\"\n[[rewards]]\ntype = \"boxed_accuracy\"\n";
 
+    /// `extra` over a minimal valid config, loaded as `C` (the online tests' one loader).
+    pub(super) fn parse_as<C: TrainerConfig>(extra: &str) -> Result<C, ConfigError> {
+        C::from_table(format!("{extra}\n{BASE}").parse().unwrap(), "test.toml")
+    }
+
     fn parse(extra: &str) -> Result<OnlineConfig, ConfigError> {
-        let text = format!("{extra}\n{BASE}");
-        OnlineConfig::from_table(text.parse().unwrap(), "test.toml")
+        parse_as(extra)
     }
 
     #[test]
