@@ -198,7 +198,12 @@ pub fn run_reward(a: RewardArgs) -> Result<()> {
     let RewardCommand::Test(a) = a.command;
     let cfg = OnlineConfig::load(&a.config, &a.set)?;
     // A `model` reward's adapter `base` may name the config's `model`: resolve it only then.
-    let model_path = if cfg.rewards.iter().any(|r| r.kind.type_name() == "model") {
+    let model_path = if cfg
+        .rollout
+        .rewards
+        .iter()
+        .any(|r| r.kind.type_name() == "model")
+    {
         models::resolve(&cfg.args.model)?
     } else {
         PathBuf::from(&cfg.args.model)

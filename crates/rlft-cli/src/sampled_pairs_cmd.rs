@@ -101,7 +101,7 @@ pub fn run(a: SampledPreferencesArgs) -> Result<()> {
             rlft_model::score::pad_id_of(&loaded.generation),
             cfg.args.seed,
         ),
-        prompt_column: cfg.prompt_column.clone(),
+        prompt_column: cfg.rollout.prompt_column.clone(),
         chat: loaded.text.compile_chat_template().is_ok(),
         min_gap: a.min_gap,
         batch: (EVAL_BATCH * 4 / cfg.num_generations).max(1),
@@ -118,8 +118,9 @@ pub fn run(a: SampledPreferencesArgs) -> Result<()> {
                 let rows = load_dataset(dir, Some(name))
                     .with_context(|| format!("--reference {}: split `{name}`", dir.display()))?
                     .rows;
-                let refs = reference_replies(items, &cfg.prompt_column, settings.chat, &rows)
-                    .with_context(|| format!("--reference {}", dir.display()))?;
+                let refs =
+                    reference_replies(items, &cfg.rollout.prompt_column, settings.chat, &rows)
+                        .with_context(|| format!("--reference {}", dir.display()))?;
                 eprintln!(
                     "{name}: {} of {} prompts have a reference reply in {}",
                     refs.iter().flatten().count(),

@@ -33,7 +33,8 @@ use crate::rollout::{
 };
 use crate::run::optim::mix;
 use crate::run::{
-    Algorithm, Metrics, Policy, Position, RunOptions, RunSummary, StepOutcome, StepStats,
+    Algorithm, Console, Metrics, Policy, Position, RunOptions, RunSummary, Shown, StepOutcome,
+    StepStats, GRAD_NORM, LOSS,
 };
 
 /// A rollout of pairs: samples `2k` and `2k + 1` are prompt `k`'s two completions.
@@ -101,17 +102,21 @@ impl OnlineDpo<'_> {
 impl Algorithm for OnlineDpo<'_> {
     type Unit = PairRollout;
 
-    const STEP_LINE: &'static [(&'static str, &'static str)] = &[
-        ("loss", "loss"),
-        ("reward", "reward"),
-        ("objective/scores_margin", "margin"),
-        ("rewards/accuracies", "acc"),
-        ("objective/kl", "kl"),
-        ("grad_norm", "gnorm"),
-    ];
-    const PROGRESS_LINE: &'static [(&'static str, &'static str)] =
-        &[("reward", "reward"), ("objective/kl", "kl")];
-    const EVAL_LINE: &'static [(&'static str, &'static str)] = &[("eval/reward", "reward")];
+    const CONSOLE: Console = Console {
+        step: &[
+            LOSS,
+            Shown::new("reward", "reward"),
+            Shown::new("objective/scores_margin", "margin"),
+            Shown::new("rewards/accuracies", "acc"),
+            Shown::new("objective/kl", "kl"),
+            GRAD_NORM,
+        ],
+        progress: &[
+            Shown::new("reward", "reward"),
+            Shown::new("objective/kl", "kl"),
+        ],
+        eval: &[Shown::new("eval/reward", "reward")],
+    };
 
     fn data_len(&self) -> usize {
         self.train.len()
@@ -297,7 +302,7 @@ impl Algorithm for OnlineDpo<'_> {
             return Ok(());
         }
         // Both completions of the first few pairs.
-        let n = 2 * self.cfg.num_completions_to_log;
+        let n = 2 * self.cfg.rollout.num_completions_to_log;
         self.logs
             .log_train(step, self.train, &r.samples, &r.scores, None, 0..n)
     }
@@ -317,7 +322,7 @@ pub fn train(cfg: &OnlineDpoConfig, p: &mut Prepared, opts: &RunOptions) -> Resu
         reference: p.reference.as_ref(),
         train: &p.train,
         eval: &p.eval,
-        logs: OnlineLogs::new(p.rewards.names(), cfg.num_completions_to_log),
+        logs: OnlineLogs::new(p.rewards.names(), cfg.rollout.num_completions_to_log),
         rewards: &mut p.rewards,
         plan: p.plan,
     };

@@ -76,7 +76,7 @@ fn preference_example_configs_parse() {
     let rm: rlft::config::reward::RewardConfig = load(&dir.join("rm.toml"));
     assert_eq!(rm.center_rewards_coefficient, Some(0.01));
     let grpo: OnlineConfig = load(&dir.join("grpo_rm.toml"));
-    assert_eq!(grpo.rewards.len(), 1);
-    assert_eq!(grpo.rewards[0].kind.type_name(), "model");
+    assert_eq!(grpo.rollout.rewards.len(), 1);
+    assert_eq!(grpo.rollout.rewards[0].kind.type_name(), "model");
     assert!(grpo.plan(128).total_steps > 0);
 }

@@ -185,7 +185,7 @@ fn bad_inputs_fail_with_the_fix() {
         assert!(e.contains("ext") && e.contains(expect), "{e}");
     }
     // The prompt column is missing.
-    cfg.prompt_column = "question".into();
+    cfg.rollout.prompt_column = "question".into();
     let e = prepare(&cfg, Path::new(&cfg.args.model), &Device::Cpu)
         .err()
         .unwrap()

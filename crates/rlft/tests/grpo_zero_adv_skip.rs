@@ -75,7 +75,7 @@ fn run(
     opts: &RunOptions,
 ) -> (OnlineSummary, Weights) {
     let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
-    p.rewards = RewardSet::with_builder(&cfg.rewards, None, |_| {
+    p.rewards = RewardSet::with_builder(&cfg.rollout.rewards, None, |_| {
         Ok(Box::new(TestReward { scoring, scored: 0 }))
     })
     .unwrap();

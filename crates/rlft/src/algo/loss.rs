@@ -236,6 +236,9 @@ pub fn grpo_loss(inp: &LossInputs, cfg: &LossConfig) -> Result<LossOutput> {
     if n == 0 {
         bail!("grpo_loss: empty batch (logp is [0, {t}])");
     }
+    if cfg.loss_type == LossType::Rloo {
+        bail!("grpo_loss: loss_type \"rloo\" is RLOO's sequence loss; call rloo_loss");
+    }
     let same = |name: &str, x: &Tensor| -> Result<Tensor> {
         if x.dims() != [n, t] {
             bail!("grpo_loss: {name} is {:?}, logp is [{n}, {t}]", x.dims());
@@ -296,6 +299,7 @@ pub fn grpo_loss(inp: &LossInputs, cfg: &LossConfig) -> Result<LossOutput> {
             weight.mul(&adv_full)?.mul(logp)?.neg()?
         }
         LossType::Sapo => sapo_surrogate(&ratio_full, &adv_full, cfg)?,
+        LossType::Rloo => unreachable!("refused at the top"),
     };
     if cfg.top_entropy_quantile < 1.0 {
         let Some(e) = inp.entropies else {
@@ -768,7 +772,7 @@ mod tests {
             rows: 4,
             tokens: 9.0,
         });
-        for loss_type in LossType::ALL {
+        for loss_type in LossType::TOKEN_LOSSES {
             for level in [
                 ImportanceSamplingLevel::Token,
                 ImportanceSamplingLevel::Sequence,

@@ -60,6 +60,11 @@ pub enum LossType {
     /// `sapo_temperature_pos` for positive advantages and `sapo_temperature_neg` otherwise; its
     /// gradient is `r A` at `r = 1` and fades as `r` leaves 1. `grpo`'s reduction.
     Sapo,
+    /// RLOO's loss (TRL `RLOOTrainer`, [`super::rloo_loss`]): PPO's clipped surrogate on the
+    /// *sequence* ratio (of summed log-probs), one term per completion, mean over the
+    /// micro-batch's completions. It takes one advantage per completion and no KL term (put the
+    /// KL into the reward, as `advantage_estimator = "rloo"` does). `rlft rloo`'s default.
+    Rloo,
 }
 
 /// How a loss type reduces its masked per-token losses (see [`LossType`]).
@@ -78,10 +83,21 @@ pub enum Reduction {
 impl LossType {
     /// The config names, in declaration order.
     pub const NAMES: &'static [&'static str] =
-        &["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"];
+        &["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "rloo"];
 
     /// Every variant, in declaration order.
-    pub const ALL: [LossType; 6] = [
+    pub const ALL: [LossType; 7] = [
+        LossType::Grpo,
+        LossType::Bnpo,
+        LossType::DrGrpo,
+        LossType::Dapo,
+        LossType::Cispo,
+        LossType::Sapo,
+        LossType::Rloo,
+    ];
+
+    /// The types [`super::grpo_loss`] computes: every one but `rloo`.
+    pub const TOKEN_LOSSES: [LossType; 6] = [
         LossType::Grpo,
         LossType::Bnpo,
         LossType::DrGrpo,
@@ -90,7 +106,8 @@ impl LossType {
         LossType::Sapo,
     ];
 
-    /// The config name (`"grpo"`, `"bnpo"`, `"dr_grpo"`, `"dapo"`, `"cispo"`, `"sapo"`).
+    /// The config name (`"grpo"`, `"bnpo"`, `"dr_grpo"`, `"dapo"`, `"cispo"`, `"sapo"`,
+    /// `"rloo"`).
     pub fn as_str(self) -> &'static str {
         match self {
             LossType::Grpo => "grpo",
@@ -99,13 +116,15 @@ impl LossType {
             LossType::Dapo => "dapo",
             LossType::Cispo => "cispo",
             LossType::Sapo => "sapo",
+            LossType::Rloo => "rloo",
         }
     }
 
     /// The reduction over tokens (TRL `_compute_loss`, `grpo_trainer.py:3153-3176`).
     pub fn reduction(self) -> Reduction {
         match self {
-            LossType::Grpo | LossType::Sapo => Reduction::SequenceMean,
+            // RLOO's mean over completions is of sequence terms (`rloo_loss` takes it itself).
+            LossType::Grpo | LossType::Sapo | LossType::Rloo => Reduction::SequenceMean,
             LossType::Bnpo => Reduction::MicroBatchTokenMean,
             LossType::DrGrpo => Reduction::ConstantNormalized,
             LossType::Dapo | LossType::Cispo => Reduction::StepTokenMean,

@@ -9,6 +9,7 @@ pub mod dpo;
 pub mod online;
 pub mod online_dpo;
 pub mod reward;
+pub mod rollout;
 pub mod sft;
 
 use std::path::Path;
@@ -17,6 +18,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use args::{lora_keys, training_keys, LoraSettings, LrSchedulerType, ReportTo, TrainingArgs};
+pub use rollout::RolloutConfig;
 
 /// Config errors; each message says which key and how to fix it.
 #[derive(Debug, thiserror::Error)]

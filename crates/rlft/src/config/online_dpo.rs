@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::args::{LrSchedulerType, TrainingArgs};
 use super::online::{EstimatorSettings, OnlineConfig};
+use super::rollout::RolloutConfig;
 use super::{ConfigError, TrainerConfig};
 use crate::algo::dpo_loss::{DpoLossConfig, DpoLossType};
 use crate::data::LengthPolicy;
@@ -63,24 +64,16 @@ pub struct OnlineDpoConfig {
     /// (`per_device_train_batch_size` counts prompts; each brings two completions).
     #[serde(flatten)]
     pub args: TrainingArgs,
-    /// Column holding the prompt: a string (sent as one user message) or a list of messages.
-    pub prompt_column: String,
+    /// Prompts, sampling (`temperature` samples the two completions), rewards (they rank each
+    /// pair) and sample logs (`num_completions_to_log` counts pairs): the online trainers' flat
+    /// keys ([`RolloutConfig`]).
+    #[serde(flatten)]
+    pub rollout: RolloutConfig,
     /// New tokens per completion.
     pub max_new_tokens: usize,
     /// Longest prompt + completion; prompts keep their last `max_length - max_new_tokens`
     /// tokens (TRL truncates on the left in the forward pass).
     pub max_length: usize,
-    /// Sampling temperature of the two completions (log-probs are taken at temperature 1, as
-    /// TRL takes them).
-    pub temperature: f64,
-    /// Nucleus sampling threshold (1 = off).
-    pub top_p: f64,
-    /// Top-k filter (0 = off).
-    pub top_k: usize,
-    /// Min-p filter (0 = off; TRL's `None`).
-    pub min_p: f64,
-    /// Repetition penalty (1 = off).
-    pub repetition_penalty: f64,
     /// Subtracted from the reward of a completion that ran out of tokens before its EOS.
     pub missing_eos_penalty: Option<f64>,
     /// KL strength `beta` (IPO's `tau`): a number, or a list with one per epoch.
@@ -93,14 +86,6 @@ pub struct OnlineDpoConfig {
     pub label_smoothing: f64,
     /// Turn LoRA dropout off while training (TRL's default); the decoders have no other.
     pub disable_dropout: bool,
-    /// Weights of the reward functions (default: all 1).
-    pub reward_weights: Option<Vec<f64>>,
-    /// Eval prompts per eval pass (0 = all of the eval split).
-    pub eval_max_prompts: usize,
-    /// Pairs written to `samples.jsonl` per step.
-    pub num_completions_to_log: usize,
-    /// Reward functions that rank each pair (`[[rewards]]` tables; see `docs/rewards.md`).
-    pub rewards: Vec<RewardSpec>,
     /// A reward model ranking the pairs (TRL's key): an `rlft reward-model` output (`final/`,
     /// or `adapter/` over its base), added after `rewards` as `{ type = "model", name =
     /// "reward_model" }`.
@@ -120,23 +105,17 @@ impl Default for OnlineDpoConfig {
                 logging_steps: 10,
                 ..TrainingArgs::default()
             },
-            prompt_column: "prompt".into(),
+            rollout: RolloutConfig {
+                temperature: 0.9,
+                ..RolloutConfig::default()
+            },
             max_new_tokens: 64,
             max_length: 512,
-            temperature: 0.9,
-            top_p: 1.0,
-            top_k: 0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
             missing_eos_penalty: None,
             beta: BetaSchedule::One(0.1),
             loss_type: DpoLossType::Sigmoid,
             label_smoothing: 0.0,
             disable_dropout: true,
-            reward_weights: None,
-            eval_max_prompts: 0,
-            num_completions_to_log: 4,
-            rewards: Vec::new(),
             reward_model_path: None,
         }
     }
@@ -210,7 +189,7 @@ impl OnlineDpoConfig {
 
     /// `rewards`, then the reward model of `reward_model_path`.
     pub fn all_rewards(&self) -> Vec<RewardSpec> {
-        let mut all = self.rewards.clone();
+        let mut all = self.rollout.rewards.clone();
         if let Some(path) = &self.reward_model_path {
             let mut rm = RewardSpec::new(RewardKind::Model(ModelSpec {
                 path: path.clone(),
@@ -224,7 +203,8 @@ impl OnlineDpoConfig {
         all
     }
 
-    /// The online trainers' view of this config: two completions per prompt, one optimiser
+    /// The online trainers' view of this config: its rollout settings as they are (with the
+    /// reward model of `reward_model_path` added), two completions per prompt, one optimiser
     /// step per rollout, the reference pass on (`beta > 0`), the missing-EOS penalty on the
     /// reward. Prompt loading, sampling, scoring, the reference and eval read it.
     pub fn online(&self) -> OnlineConfig {
@@ -233,26 +213,20 @@ impl OnlineDpoConfig {
         let d = OnlineConfig::default();
         OnlineConfig {
             args,
-            prompt_column: self.prompt_column.clone(),
+            rollout: RolloutConfig {
+                rewards: self.all_rewards(),
+                ..self.rollout.clone()
+            },
             max_prompt_length: self.max_length.saturating_sub(self.max_new_tokens),
             prompt_truncation: LengthPolicy::Truncate,
             max_completion_length: self.max_new_tokens,
             num_generations: 2,
             generation_batch_size: 0,
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            min_p: self.min_p,
-            repetition_penalty: self.repetition_penalty,
             beta: self.beta.values().into_iter().fold(0.0, f64::max),
-            reward_weights: self.reward_weights.clone(),
-            num_completions_to_log: self.num_completions_to_log,
-            eval_max_prompts: self.eval_max_prompts,
             estimator: EstimatorSettings {
                 missing_eos_penalty: self.missing_eos_penalty,
                 ..EstimatorSettings::default()
             },
-            rewards: self.all_rewards(),
             ..d
         }
     }
@@ -310,7 +284,7 @@ mod tests {
     #[test]
     fn reward_model_path_adds_a_model_reward_last() {
         let c = parse("reward_model_path = \"rm/final\"").unwrap();
-        let r = c.online().rewards;
+        let r = c.online().rollout.rewards;
         assert_eq!(r.len(), 2);
         assert_eq!(r[1].display_name(), "reward_model");
         match &r[1].kind {
@@ -324,6 +298,6 @@ mod tests {
             .parse()
             .unwrap();
         let c = OnlineDpoConfig::from_table(t, "test.toml").unwrap();
-        assert_eq!(c.online().rewards.len(), 1);
+        assert_eq!(c.online().rollout.rewards.len(), 1);
     }
 }

@@ -40,7 +40,8 @@ use crate::data::DataCursor;
 use crate::error::{Result, TrainerError};
 use crate::rollout::{score_batch, timed, Sample, ScoreOptions};
 use crate::run::{
-    offline, Algorithm, Metrics, Policy, Position, RunOptions, RunSummary, StepOutcome, StepStats,
+    offline, Algorithm, Console, Metrics, Policy, Position, RunOptions, RunSummary, Shown,
+    StepOutcome, StepStats, GRAD_NORM, LEARNING_RATE, LOSS,
 };
 pub use setup::{prepare, Prepared};
 
@@ -255,22 +256,23 @@ impl Dpo<'_> {
 impl Algorithm for Dpo<'_> {
     type Unit = DpoUnit;
 
-    const STEP_LINE: &'static [(&'static str, &'static str)] = &[
-        ("loss", "loss"),
-        ("rewards/accuracies", "acc"),
-        ("rewards/margins", "margin"),
-        ("rewards/chosen", "chosen"),
-        ("rewards/rejected", "rejected"),
-        ("grad_norm", "gnorm"),
-        ("learning_rate", "lr"),
-    ];
-    const PROGRESS_LINE: &'static [(&'static str, &'static str)] =
-        &[("loss", "loss"), ("rewards/accuracies", "acc")];
-    const EVAL_LINE: &'static [(&'static str, &'static str)] = &[
-        ("eval_loss", "loss"),
-        ("eval_rewards/accuracies", "accuracy"),
-        ("eval_rewards/margins", "margin"),
-    ];
+    const CONSOLE: Console = Console {
+        step: &[
+            LOSS,
+            Shown::new("rewards/accuracies", "acc"),
+            Shown::new("rewards/margins", "margin"),
+            Shown::new("rewards/chosen", "chosen"),
+            Shown::new("rewards/rejected", "rejected"),
+            GRAD_NORM,
+            LEARNING_RATE,
+        ],
+        progress: &[LOSS, Shown::new("rewards/accuracies", "acc")],
+        eval: &[
+            Shown::new("eval_loss", "loss"),
+            Shown::new("eval_rewards/accuracies", "accuracy"),
+            Shown::new("eval_rewards/margins", "margin"),
+        ],
+    };
 
     fn data_len(&self) -> usize {
         self.train.len()

@@ -10,8 +10,6 @@ use rlft_model::CausalLm;
 use rlft_rewards::{build_reward, Reward, RewardError, RewardKind, RewardSet, RewardSpec};
 use rlft_text::TextBundle;
 
-use rlft_model::sampling::SamplingParams;
-
 use crate::config::online::{BatchPlan, EvalDecoding, OnlineConfig};
 use crate::data::prompts::{build_prompts, PromptItem, PromptReport};
 use crate::error::{Result, TrainerError};
@@ -24,17 +22,6 @@ use crate::run::{setup, Policy};
 
 /// Prompts an eval pass generates at once (also what `rlft plan` sizes its KV caches for).
 pub const EVAL_BATCH: usize = 16;
-
-/// The rollouts' sampling settings.
-pub fn sampling(cfg: &OnlineConfig) -> SamplingParams {
-    SamplingParams {
-        temperature: cfg.temperature as f32,
-        top_k: cfg.top_k,
-        top_p: cfg.top_p as f32,
-        min_p: cfg.min_p as f32,
-        repetition_penalty: cfg.repetition_penalty as f32,
-    }
-}
 
 /// The sampling of one rollout of `policy` with seed `seed`.
 pub fn rollout_settings(cfg: &OnlineConfig, policy: &Policy, seed: u64) -> RolloutSettings {
@@ -51,7 +38,7 @@ pub fn sampling_settings(
     RolloutSettings {
         num_generations: cfg.num_generations,
         max_new_tokens: cfg.max_completion_length,
-        sampling: sampling(cfg),
+        sampling: cfg.rollout.sampling(),
         seed,
         eos_token_ids: eos_token_ids.to_vec(),
         pad_token_id,
@@ -62,7 +49,7 @@ pub fn sampling_settings(
 pub fn eval_settings(cfg: &OnlineConfig, eos_token_ids: &[u32], pad_token_id: u32) -> EvalSettings {
     EvalSettings {
         greedy: cfg.eval_decoding == EvalDecoding::Greedy,
-        sampling: sampling(cfg),
+        sampling: cfg.rollout.sampling(),
         max_new_tokens: cfg.max_completion_length,
         seed: mix(cfg.args.seed, u64::MAX),
         eos_token_ids: eos_token_ids.to_vec(),
@@ -96,7 +83,7 @@ pub struct Prepared {
 /// [`rlft_rewards::build_reward`].
 pub fn reward_set(cfg: &OnlineConfig, model_path: &Path, device: &Device) -> Result<RewardSet> {
     let prompts = PromptSource {
-        column: &cfg.prompt_column,
+        column: &cfg.rollout.prompt_column,
         system_prompt: cfg.args.system_prompt.as_deref(),
     };
     let policy = PolicyModel {
@@ -128,8 +115,8 @@ pub fn reward_set(cfg: &OnlineConfig, model_path: &Path, device: &Device) -> Res
         }
     };
     Ok(RewardSet::with_builder(
-        &cfg.rewards,
-        cfg.reward_weights.as_deref(),
+        &cfg.rollout.rewards,
+        cfg.rollout.reward_weights.as_deref(),
         &mut build,
     )?)
 }
@@ -192,7 +179,7 @@ pub fn prompts(
     build_prompts(
         ds,
         text,
-        &cfg.prompt_column,
+        &cfg.rollout.prompt_column,
         cfg.args.system_prompt.as_deref(),
         cfg.max_prompt_length,
         cfg.prompt_truncation,
@@ -207,8 +194,8 @@ pub fn eval_prompts(cfg: &OnlineConfig, text: &TextBundle) -> Result<Vec<PromptI
     };
     let ds = load_dataset(&path, split.as_deref())?;
     let (mut items, report) = prompts(cfg, &ds, text)?;
-    if cfg.eval_max_prompts > 0 {
-        items.truncate(cfg.eval_max_prompts);
+    if cfg.rollout.eval_max_prompts > 0 {
+        items.truncate(cfg.rollout.eval_max_prompts);
     }
     eprintln!("eval prompts: {report}; using {}", items.len());
     Ok(items)

@@ -17,7 +17,6 @@ use super::dynamic::{Filter, GenBatch};
 use super::setup::rollout_settings;
 use super::skip::{skip_is_exact, split_micro_batch};
 use super::Prepared;
-use crate::algo::is_correction::is_weights;
 use crate::algo::LossNormalizer;
 use crate::config::online::{BatchPlan, OnlineConfig};
 use crate::data::prompts::PromptItem;
@@ -33,10 +32,13 @@ use crate::rollout::{
 };
 use crate::run::optim::mix;
 use crate::run::{
-    Algorithm, Metrics, Policy, Position, RunOptions, RunSummary, StepOutcome, StepStats,
+    Algorithm, Console, Metrics, Policy, Position, RunOptions, RunSummary, Shown, StepOutcome,
+    StepStats, GRAD_NORM, LOSS,
 };
 
 mod loss;
+
+use loss::{CriticPart, SamplerCorrection};
 
 /// What a finished (or interrupted) online run reports.
 pub type OnlineSummary = RunSummary;
@@ -49,11 +51,10 @@ pub struct Rollout {
     logged_advantages: Vec<f64>,
     old: Option<Vec<Vec<f32>>>,
     reference: Option<Vec<Vec<f32>>>,
-    /// PPO: the critic's values at rollout time and the returns it regresses on.
-    old_values: Option<Vec<Vec<f32>>>,
-    returns: Option<Vec<Vec<f64>>>,
-    /// Server rollouts: the importance-sampling weights of every sample's tokens.
-    is_weights: Option<Vec<Vec<f32>>>,
+    /// PPO: the critic's old values and returns.
+    critic: Option<CriticPart>,
+    /// Server rollouts: the sampler correction.
+    correction: Option<SamplerCorrection>,
     /// `[N]` the rows left out of the training pass (advantage exactly 0), when leaving them
     /// out is exact ([`skip_is_exact`]); `None`: every row is scored.
     zero_adv: Option<Vec<bool>>,
@@ -161,17 +162,18 @@ impl Online<'_> {
 impl Algorithm for Online<'_> {
     type Unit = Rollout;
 
-    const STEP_LINE: &'static [(&'static str, &'static str)] = &[
-        ("loss", "loss"),
-        ("reward", "reward"),
-        ("reward_std", "std"),
-        ("kl", "kl"),
-        ("completions/mean_length", "len"),
-        ("grad_norm", "gnorm"),
-    ];
-    const PROGRESS_LINE: &'static [(&'static str, &'static str)] =
-        &[("reward", "reward"), ("kl", "kl")];
-    const EVAL_LINE: &'static [(&'static str, &'static str)] = &[("eval/reward", "reward")];
+    const CONSOLE: Console = Console {
+        step: &[
+            LOSS,
+            Shown::new("reward", "reward"),
+            Shown::new("reward_std", "std"),
+            Shown::new("kl", "kl"),
+            Shown::new("completions/mean_length", "len"),
+            GRAD_NORM,
+        ],
+        progress: &[Shown::new("reward", "reward"), Shown::new("kl", "kl")],
+        eval: &[Shown::new("eval/reward", "reward")],
+    };
 
     fn data_len(&self) -> usize {
         self.train.len()
@@ -204,25 +206,11 @@ impl Algorithm for Online<'_> {
             with_reference: needs.reference,
             batch: cfg.args.per_device_train_batch_size,
             pad_id: policy.pad_id,
-            temperature: cfg.temperature,
+            temperature: cfg.rollout.temperature,
             share_prompts: cfg.share_prompts,
         };
         let (old, reference) = no_grad_passes(&passes, self.train, &samples, times)?;
-        let (is_weights, is_stats) = match (cfg.servers.correction(), &old) {
-            (Some(c), Some(old)) => {
-                let keep: Vec<bool> = samples
-                    .iter()
-                    .map(|s| !(cfg.mask_truncated_completions && s.truncated))
-                    .collect();
-                let sampler: Vec<Vec<f32>> = samples
-                    .iter()
-                    .map(|s| s.sampler_logprobs.clone().unwrap_or_else(|| old_like(s)))
-                    .collect();
-                let (w, stats) = is_weights(old, &sampler, &keep, &c);
-                (Some(w), stats.metrics())
-            }
-            _ => (None, Metrics::new()),
-        };
+        let (correction, is_stats) = SamplerCorrection::of(cfg, &samples, old.as_deref());
         let values = match self.critic {
             Some(c) => Some(timed(times, "values", || {
                 let batch = cfg.args.per_device_train_batch_size;
@@ -263,9 +251,13 @@ impl Algorithm for Online<'_> {
             advantages: est.advantages,
             old: old.filter(|_| needs.old_in_loss),
             reference: reference.filter(|_| !cfg.kl_in_reward()),
-            old_values: values,
-            returns: est.returns,
-            is_weights,
+            critic: values
+                .zip(est.returns)
+                .map(|(old_values, returns)| CriticPart {
+                    old_values,
+                    returns,
+                }),
+            correction,
             scores,
             metrics,
         })
@@ -317,7 +309,7 @@ impl Algorithm for Online<'_> {
             pad_id: policy.pad_id,
             grad: true,
             entropy: true,
-            temperature: cfg.temperature,
+            temperature: cfg.rollout.temperature,
             share_prompts: cfg.share_prompts,
         };
         let pass = policy_pass(&policy.model, self.train, &micro, o)?;
@@ -331,14 +323,10 @@ impl Algorithm for Online<'_> {
         if let Some(e) = pass.entropy {
             stats.add("entropy", e, ntok);
         }
-        let loss = match (self.critic, &r.old_values, &r.returns) {
-            (Some(c), Some(old), Some(ret)) => {
-                let vf = self.value_loss(c, r, rows, &pass.mask, old, ret)?;
-                // Logged per micro-batch, before the accumulation scaling.
-                let k = cfg.args.gradient_accumulation_steps as f64;
-                stats.add("value_loss", vf.0 * k, ntok);
-                stats.add("vf_clipfrac", vf.1, ntok);
-                (loss + vf.2.affine(cfg.estimator.vf_coef, 0.0)?)?
+        let loss = match (self.critic, &r.critic) {
+            (Some(c), Some(part)) => {
+                let (train, samples) = (self.train, &r.samples[..]);
+                (loss + part.loss(c, cfg, train, samples, rows, &pass.mask, ntok, stats)?)?
             }
             _ => loss,
         };
@@ -378,7 +366,7 @@ impl Algorithm for Online<'_> {
         }
         // The first completion of the first few groups.
         let firsts = (0..r.samples.len()).step_by(self.cfg.num_generations);
-        let picks = firsts.take(self.cfg.num_completions_to_log);
+        let picks = firsts.take(self.cfg.rollout.num_completions_to_log);
         let adv = Some(&r.logged_advantages[..]);
         self.logs
             .log_train(step, self.train, &r.samples, &r.scores, adv, picks)
@@ -424,11 +412,6 @@ fn connect_servers(cfg: &OnlineConfig) -> Result<Option<ServerPool>> {
     Ok(Some(pool))
 }
 
-/// A sample without sampler log-probs (cannot happen on servers): NaN, i.e. no correction.
-fn old_like(s: &Sample) -> Vec<f32> {
-    vec![f32::NAN; s.completion_ids.len()]
-}
-
 /// Runs GRPO as configured: prints progress, writes metrics, samples, checkpoints, the final
 /// model and `run_summary.json` under `output_dir`.
 pub fn train(cfg: &OnlineConfig, p: &mut Prepared, opts: &RunOptions) -> Result<OnlineSummary> {
@@ -459,7 +442,7 @@ fn train_with(
         critic: p.critic.as_ref(),
         train: &p.train,
         eval: &p.eval,
-        logs: OnlineLogs::new(p.rewards.names(), cfg.num_completions_to_log),
+        logs: OnlineLogs::new(p.rewards.names(), cfg.rollout.num_completions_to_log),
         rewards: &mut p.rewards,
         plan: p.plan,
         health: HealthMonitor::new(cfg.kl_warning_threshold, cfg.zero_std_warning_steps),

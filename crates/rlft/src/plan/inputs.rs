@@ -75,8 +75,8 @@ pub fn grpo_lengths(
 ) -> Result<GrpoLengths, PlanError> {
     let eval_source = crate::online::setup::eval_source(cfg);
     let cap = |n: usize| {
-        if cfg.eval_max_prompts > 0 {
-            n.min(cfg.eval_max_prompts)
+        if cfg.rollout.eval_max_prompts > 0 {
+            n.min(cfg.rollout.eval_max_prompts)
         } else {
             n
         }
@@ -397,7 +397,7 @@ pub fn model_rewards(
     lengths: &GrpoLengths,
 ) -> Result<Vec<ModelRewardShape>, PlanError> {
     let mut out = Vec::new();
-    for spec in &cfg.rewards {
+    for spec in &cfg.rollout.rewards {
         let rlft_rewards::RewardKind::Model(m) = &spec.kind else {
             continue;
         };
@@ -492,7 +492,7 @@ pub fn run_shape_grpo(
         reference: passes.reference,
         old_logprobs: passes.old,
         share_prompts: cfg.share_prompts,
-        temperature_scaled: cfg.temperature != 1.0,
+        temperature_scaled: cfg.rollout.temperature != 1.0,
         eval: lengths.eval.map(|e| EvalPrompts {
             prompts: e.prompts.min(EVAL_BATCH),
             ..e

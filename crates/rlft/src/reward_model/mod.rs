@@ -41,7 +41,8 @@ use crate::data::preferences::RewardPair;
 use crate::data::DataCursor;
 use crate::error::Result;
 use crate::run::{
-    Algorithm, Metrics, Policy, Position, RunOptions, RunSummary, StepOutcome, StepStats,
+    Algorithm, Console, Metrics, Policy, Position, RunOptions, RunSummary, Shown, StepOutcome,
+    StepStats, GRAD_NORM, LEARNING_RATE, LOSS,
 };
 pub use setup::{prepare, Prepared};
 
@@ -112,20 +113,21 @@ struct RewardModel<'a> {
 impl Algorithm for RewardModel<'_> {
     type Unit = Vec<Vec<usize>>;
 
-    const STEP_LINE: &'static [(&'static str, &'static str)] = &[
-        ("loss", "loss"),
-        ("accuracy", "acc"),
-        ("margin", "margin"),
-        ("grad_norm", "gnorm"),
-        ("learning_rate", "lr"),
-    ];
-    const PROGRESS_LINE: &'static [(&'static str, &'static str)] =
-        &[("loss", "loss"), ("accuracy", "acc")];
-    const EVAL_LINE: &'static [(&'static str, &'static str)] = &[
-        ("eval_loss", "loss"),
-        ("eval_accuracy", "accuracy"),
-        ("eval_margin", "margin"),
-    ];
+    const CONSOLE: Console = Console {
+        step: &[
+            LOSS,
+            Shown::new("accuracy", "acc"),
+            Shown::new("margin", "margin"),
+            GRAD_NORM,
+            LEARNING_RATE,
+        ],
+        progress: &[LOSS, Shown::new("accuracy", "acc")],
+        eval: &[
+            Shown::new("eval_loss", "loss"),
+            Shown::new("eval_accuracy", "accuracy"),
+            Shown::new("eval_margin", "margin"),
+        ],
+    };
 
     fn data_len(&self) -> usize {
         self.train.len()

@@ -17,6 +17,7 @@
 //! trained on and continues exactly: the data order, rollout seeds and LoRA dropout masks are
 //! functions of (seed, step).
 
+mod console;
 pub mod offline;
 pub mod optim;
 pub mod setup;
@@ -40,6 +41,8 @@ use serde_json::{json, Value};
 use crate::config::TrainerConfig;
 use crate::data::DataCursor;
 use crate::error::{Result, TrainerError};
+use console::{line, log};
+pub use console::{Console, Format, Shown, GRAD_NORM, LEARNING_RATE, LOSS};
 pub use optim::{StepOutcome, StepStats};
 
 /// `(name, value)` metric pairs in logging order.
@@ -147,12 +150,8 @@ pub trait Algorithm: Send {
     /// optimiser step's rows (offline ones).
     type Unit: Sync;
 
-    /// Metrics shown on the step line (`(key, label)`), printed every `logging_steps`.
-    const STEP_LINE: &'static [(&'static str, &'static str)];
-    /// Metrics shown beside the progress bar.
-    const PROGRESS_LINE: &'static [(&'static str, &'static str)];
-    /// Eval metrics printed before, during and after training.
-    const EVAL_LINE: &'static [(&'static str, &'static str)];
+    /// The metrics the console shows: on the step line, beside the progress bar, on eval.
+    const CONSOLE: Console;
 
     /// Rows the data cursor walks over (prompts, examples, pairs).
     fn data_len(&self) -> usize;
@@ -233,28 +232,6 @@ pub trait Algorithm: Send {
     fn export(&self, out_dir: &Path, model_name: &str, policy: &Policy) -> Result<PathBuf> {
         Ok(setup::export_final(out_dir, model_name, policy)?)
     }
-}
-
-/// `label value` pairs of `keys` found in `metrics` (the learning rate in scientific notation,
-/// whose values are too small for three decimals).
-pub fn short(metrics: &[(String, f64)], keys: &[(&str, &str)]) -> String {
-    keys.iter()
-        .filter_map(|(k, label)| {
-            let v = find(metrics, k)?;
-            Some(if *k == "learning_rate" {
-                format!("{label} {v:.2e}")
-            } else {
-                format!("{label} {v:.3}")
-            })
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn log(logger: &mut MetricsLogger, at: Position, m: &Metrics) -> Result<()> {
-    let refs: Vec<(&str, f64)> = m.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-    logger.log(at.global_step, at.epoch, &refs)?;
-    Ok(())
 }
 
 /// An optimiser step as the core logs it.
@@ -348,18 +325,20 @@ impl Run<'_> {
             entry.insert("step".into(), json!(step));
             entry.insert("epoch".into(), json!(self.state.epoch));
             self.state.log_history.push(entry);
-            self.progress
-                .println(&format!("step {step}/{total} {}", short(&m, A::STEP_LINE)));
+            self.progress.println(&format!(
+                "step {step}/{total} {}",
+                line(&m, A::CONSOLE.step)
+            ));
             algo.on_logged(unit, step, first_of_unit)?;
         }
         if args.eval_steps > 0 && step.is_multiple_of(args.eval_steps as u64) && step < total {
             if let Some(em) = self.eval(algo, policy)? {
-                let line = short(&em, A::EVAL_LINE);
+                let line = line(&em, A::CONSOLE.eval);
                 self.progress
                     .println(&format!("eval at step {step}: {line}"));
             }
         }
-        self.progress.update(step, &short(&m, A::PROGRESS_LINE));
+        self.progress.update(step, &line(&m, A::CONSOLE.progress));
         self.summary.steps.push(m);
         Ok(args.save_steps > 0 && step.is_multiple_of(args.save_steps as u64))
     }
@@ -449,7 +428,7 @@ pub fn run<C: TrainerConfig, A: Algorithm>(
     if resumed_at.is_none() {
         run.summary.eval_initial = run.eval(algo, policy)?;
         if let Some(m) = &run.summary.eval_initial {
-            eprintln!("eval before training: {}", short(m, A::EVAL_LINE));
+            eprintln!("eval before training: {}", line(m, A::CONSOLE.eval));
         }
     }
     train_loop(cfg, algo, policy, opts, &mut run)?;
@@ -534,7 +513,7 @@ fn finish<C: TrainerConfig, A: Algorithm>(
     if finished {
         run.summary.eval_final = run.eval(algo, policy)?;
         if let Some(m) = &run.summary.eval_final {
-            eprintln!("eval after training: {}", short(m, A::EVAL_LINE));
+            eprintln!("eval after training: {}", line(m, A::CONSOLE.eval));
         }
         run.summary.final_dir = Some(algo.export(run.out_dir, &args.model, policy)?);
     }

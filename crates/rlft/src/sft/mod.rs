@@ -16,7 +16,8 @@ use crate::data::sft::SftExample;
 use crate::data::DataCursor;
 use crate::error::Result;
 use crate::run::{
-    Algorithm, Metrics, Policy, Position, RunOptions, RunSummary, StepOutcome, StepStats,
+    Algorithm, Console, Metrics, Policy, Position, RunOptions, RunSummary, Shown, StepOutcome,
+    StepStats, GRAD_NORM, LEARNING_RATE, LOSS,
 };
 pub use setup::{prepare, Prepared};
 
@@ -49,13 +50,11 @@ struct Sft<'a> {
 impl Algorithm for Sft<'_> {
     type Unit = Vec<Vec<usize>>;
 
-    const STEP_LINE: &'static [(&'static str, &'static str)] = &[
-        ("loss", "loss"),
-        ("grad_norm", "gnorm"),
-        ("learning_rate", "lr"),
-    ];
-    const PROGRESS_LINE: &'static [(&'static str, &'static str)] = &[("loss", "loss")];
-    const EVAL_LINE: &'static [(&'static str, &'static str)] = &[("eval_loss", "loss")];
+    const CONSOLE: Console = Console {
+        step: &[LOSS, GRAD_NORM, LEARNING_RATE],
+        progress: &[LOSS],
+        eval: &[Shown::new("eval_loss", "loss")],
+    };
 
     fn data_len(&self) -> usize {
         self.train.len()

@@ -105,6 +105,8 @@ fn policy_term(r: f64, a: f64, lp: f64, cfg: &LossConfig) -> PolicyTerm {
             p.value = -s * 4.0 / tau * a;
             p.d_ratio = -4.0 * s * (1.0 - s) * a;
         }
+        // `grpo_loss` refuses it too: RLOO's loss is `rloo_loss`, pinned by its own tests.
+        LossType::Rloo => unreachable!("loss_type rloo is not a grpo_loss type"),
     }
     p
 }

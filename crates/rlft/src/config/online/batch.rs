@@ -101,6 +101,16 @@ pub(super) fn resolve_aliases(table: &mut toml::Table) -> Result<(), ConfigError
             table.insert(key.to_string(), v);
         }
     }
+    // `advantage_estimator = "rloo"` alone trains RLOO's own loss, as it always has (and as
+    // `rlft rloo` does); a `loss_type` beside it picks another.
+    if table
+        .get("advantage_estimator")
+        .and_then(|v| v.as_str())
+        .is_some_and(|e| e.trim().eq_ignore_ascii_case("rloo"))
+        && !table.contains_key("loss_type")
+    {
+        table.insert("loss_type".into(), "rloo".into());
+    }
     let int = |t: &toml::Table, k: &str| -> Result<Option<usize>, ConfigError> {
         match t.get(k) {
             None => Ok(None),

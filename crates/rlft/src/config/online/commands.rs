@@ -96,7 +96,8 @@ online_command!(
 online_command!(
     RlooConfig,
     "`rlft rloo`: TRL 1.16 `RLOOConfig`'s defaults (`beta = 0.05`, `num_generations = 2`, \
-     `max_completion_length = 512`) over the online config.",
+     `max_completion_length = 512`, RLOO's advantages and sequence loss) over the online \
+     config.",
     OnlineConfig {
         args: TrainingArgs {
             output_dir: PathBuf::from("artifacts/rloo"),
@@ -105,6 +106,7 @@ online_command!(
         beta: 0.05,
         num_generations: 2,
         max_completion_length: 512,
+        loss_type: LossType::Rloo,
         estimator: EstimatorSettings {
             advantage_estimator: Estimator::Rloo,
             ..Default::default()
@@ -181,5 +183,26 @@ mod tests {
             Estimator::ReinforceBaseline
         );
         assert_eq!(g.num_generations, 8);
+    }
+
+    #[test]
+    fn the_loss_is_its_own_setting() {
+        // `rlft rloo` trains RLOO's loss; the estimator alone keeps meaning RLOO's loss too.
+        let r: RlooConfig = parse("").unwrap();
+        assert_eq!(r.loss_type, LossType::Rloo);
+        let g: OnlineConfig = parse("advantage_estimator = \"rloo\"").unwrap();
+        assert_eq!(g.loss_type, LossType::Rloo);
+        // A loss_type beside it is taken as given: RLOO's advantages, DAPO's loss.
+        let g: OnlineConfig =
+            parse("advantage_estimator = \"rloo\"\nloss_type = \"dapo\"").unwrap();
+        assert_eq!(
+            (g.estimator.advantage_estimator, g.loss_type),
+            (Estimator::Rloo, LossType::Dapo)
+        );
+        let r: RlooConfig = parse("loss_type = \"grpo\"").unwrap();
+        assert_eq!(r.loss_type, LossType::Grpo);
+        // And RLOO's loss on GRPO's group-normalised advantages, without a KL.
+        let g: OnlineConfig = parse("loss_type = \"rloo\"").unwrap();
+        assert_eq!(g.estimator.advantage_estimator, Estimator::GroupNorm);
     }
 }

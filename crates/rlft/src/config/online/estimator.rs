@@ -144,11 +144,20 @@ impl OnlineConfig {
             }
             _ => {}
         }
-        if est == Estimator::Rloo && self.loss_type != LossType::default() {
+        if self.loss_type == LossType::Rloo && est == Estimator::Gae {
+            return bad(
+                "loss_type = \"rloo\" takes one advantage per completion, and \
+                 advantage_estimator = \"gae\" gives one per token; use loss_type = \"bnpo\" \
+                 (rlft ppo's) or another estimator"
+                    .into(),
+            );
+        }
+        if self.loss_type == LossType::Rloo && self.beta > 0.0 && !self.kl_in_reward() {
             return bad(format!(
-                "loss_type = \"{}\" does not apply to advantage_estimator = \"rloo\", which \
-                 trains TRL RLOOTrainer's sequence-level loss; remove loss_type",
-                self.loss_type
+                "loss_type = \"rloo\" has no KL term, and advantage_estimator = \"{est}\" puts \
+                 the KL (beta = {}) into the loss; use advantage_estimator = \"rloo\" (the KL \
+                 in the reward), or beta = 0, or another loss_type",
+                self.beta
             ));
         }
         for (k, v) in [("gamma", e.gamma), ("lam", e.lam)] {
@@ -180,7 +189,7 @@ impl OnlineConfig {
 mod tests {
     use super::*;
     use crate::config::online::tests::parse_as as parse;
-    use crate::config::online::{PpoConfig, RlooConfig};
+    use crate::config::online::PpoConfig;
 
     #[test]
     fn conflicts_name_the_fix() {
@@ -195,10 +204,14 @@ mod tests {
             e.contains("num_generations must be >= 2") && e.contains("reinforce"),
             "{e}"
         );
-        let e = parse::<RlooConfig>("loss_type = \"grpo\"")
+        let e = parse::<OnlineConfig>("loss_type = \"rloo\"\nbeta = 0.1")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("sequence-level"), "{e}");
+        assert!(e.contains("no KL term"), "{e}");
+        let e = parse::<PpoConfig>("loss_type = \"rloo\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("one per token"), "{e}");
         let e = parse::<OnlineConfig>("value_model = \"x\"")
             .unwrap_err()
             .to_string();

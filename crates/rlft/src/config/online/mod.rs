@@ -10,10 +10,10 @@ pub mod servers;
 
 use std::path::PathBuf;
 
-use rlft_rewards::RewardSpec;
 use serde::{Deserialize, Serialize};
 
 use super::args::TrainingArgs;
+use super::rollout::RolloutConfig;
 use super::{ConfigError, TrainerConfig};
 use crate::algo::{
     AdvantageConfig, ImportanceSamplingLevel, LossConfig, LossType, MultiObjectiveAggregation,
@@ -44,8 +44,10 @@ pub struct OnlineConfig {
     /// (`per_device_train_batch_size` counts completions).
     #[serde(flatten)]
     pub args: TrainingArgs,
-    /// Column holding the prompt: a string (sent as one user message) or a list of messages.
-    pub prompt_column: String,
+    /// Prompts, sampling, rewards and sample logs (flat keys; shared with Online DPO: see
+    /// [`RolloutConfig`]).
+    #[serde(flatten)]
+    pub rollout: RolloutConfig,
     /// Longest prompt in tokens (after the chat template).
     pub max_prompt_length: usize,
     /// Longer prompts: "drop" or "truncate" (keeps the last tokens); both counted and reported.
@@ -56,16 +58,6 @@ pub struct OnlineConfig {
     pub num_generations: usize,
     /// Completions per rollout; 0 = one train batch (per_device x accumulation).
     pub generation_batch_size: usize,
-    /// Sampling temperature of the rollouts.
-    pub temperature: f64,
-    /// Nucleus sampling of the rollouts (1.0 = off).
-    pub top_p: f64,
-    /// Top-k sampling of the rollouts (0 = off).
-    pub top_k: usize,
-    /// Min-p sampling of the rollouts (0 = off).
-    pub min_p: f64,
-    /// Repetition penalty of the rollouts (1.0 = off).
-    pub repetition_penalty: f64,
     /// KL coefficient to the reference policy; 0 skips the reference model entirely. With
     /// `group_norm` (GRPO) a k3 term in the loss, with the other estimators a penalty on the
     /// reward (`kl_estimator`; TRL PPO's `kl_coef`, OpenRLHF's `init_kl_coef`).
@@ -109,20 +101,14 @@ pub struct OnlineConfig {
     pub advantage_epsilon: f64,
     /// Clamp advantages to [-advantage_clip, advantage_clip] (0 = off; LightRFT uses 10).
     pub advantage_clip: f64,
-    /// Weights of the reward functions, in order; unset = each reward's own `weight`.
-    pub reward_weights: Option<Vec<f64>>,
     /// Exclude completions that hit max_completion_length from the loss (DAPO).
     pub mask_truncated_completions: bool,
     /// Run each prompt once per micro-batch and let its completions attend to its keys and
     /// values (policy, old and reference passes); same log-probs and gradients as recomputing
     /// the prompt per completion, fewer tokens. false = the plain rows (for comparison).
     pub share_prompts: bool,
-    /// Completions written to samples.jsonl per logging step.
-    pub num_completions_to_log: usize,
     /// Eval decoding: "greedy" or "sampled" (pass@1 with the rollout sampling settings).
     pub eval_decoding: EvalDecoding,
-    /// Evaluate at most this many eval prompts (0 = all).
-    pub eval_max_prompts: usize,
     /// Warn when the mean k3 KL exceeds this.
     pub kl_warning_threshold: f64,
     /// Warn when this many consecutive steps have reward_std near 0.
@@ -136,8 +122,6 @@ pub struct OnlineConfig {
     /// [`servers`]).
     #[serde(flatten)]
     pub servers: RolloutServers,
-    /// Reward functions, in order (`[[rewards]]` tables; see `docs/rewards.md`).
-    pub rewards: Vec<RewardSpec>,
 }
 
 impl Default for OnlineConfig {
@@ -150,17 +134,11 @@ impl Default for OnlineConfig {
                 logging_steps: 1,
                 ..TrainingArgs::default()
             },
-            prompt_column: "prompt".into(),
             max_prompt_length: 512,
             prompt_truncation: LengthPolicy::Drop,
             max_completion_length: 256,
             num_generations: 8,
             generation_batch_size: 0,
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
             beta: 0.0,
             epsilon: 0.2,
             epsilon_high: None,
@@ -176,17 +154,14 @@ impl Default for OnlineConfig {
             scale_rewards: ScaleRewards::Group,
             advantage_epsilon: 1e-4,
             advantage_clip: 0.0,
-            reward_weights: None,
             mask_truncated_completions: false,
             share_prompts: true,
-            num_completions_to_log: 4,
             eval_decoding: EvalDecoding::Greedy,
-            eval_max_prompts: 0,
             kl_warning_threshold: 1.0,
             zero_std_warning_steps: 5,
             estimator: EstimatorSettings::default(),
             servers: RolloutServers::default(),
-            rewards: Vec::new(),
+            rollout: RolloutConfig::default(),
         }
     }
 }
@@ -261,23 +236,7 @@ impl OnlineConfig {
     /// fix it.
     fn check(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if self.rewards.is_empty() {
-            return bad(
-                "no reward functions: add at least one [[rewards]] table, e.g.\n  [[rewards]]\n  \
-                 type = \"boxed_accuracy\"\n  answer_field = \"answer\""
-                    .into(),
-            );
-        }
-        if let Some(w) = &self.reward_weights {
-            if w.len() != self.rewards.len() {
-                return bad(format!(
-                    "reward_weights has {} entries but there are {} reward functions; give one \
-                     weight per [[rewards]] table, in order",
-                    w.len(),
-                    self.rewards.len()
-                ));
-            }
-        }
+        self.rollout.check()?;
         if self.num_generations == 0 {
             return bad("num_generations must be >= 1".into());
         }
@@ -286,15 +245,6 @@ impl OnlineConfig {
         self.servers.check(self.args.use_peft)?;
         if self.max_prompt_length == 0 || self.max_completion_length == 0 {
             return bad("max_prompt_length and max_completion_length must be >= 1".into());
-        }
-        if self.temperature.is_nan() || self.temperature <= 0.0 {
-            return bad(format!(
-                "temperature must be > 0 for rollouts (got {}); GRPO needs varied samples",
-                self.temperature
-            ));
-        }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad(format!("top_p must be in (0, 1] (got {})", self.top_p));
         }
         if self.beta < 0.0 || self.epsilon < 0.0 || self.epsilon_high() < 0.0 {
             return bad("beta, epsilon and epsilon_high must be >= 0".into());
