@@ -72,7 +72,8 @@ pub struct OnlineConfig {
     /// micro-batch), "dr_grpo" (sum / (completions x max_completion_length)), "dapo" (token
     /// mean over the whole optimiser step; TRL's default), "cispo" (MiniMax-M1: the ratio,
     /// capped at epsilon_high and detached, weights -A logp; dapo's mean), "sapo" (a soft
-    /// sigmoid gate instead of the hard clip; grpo's mean).
+    /// sigmoid gate instead of the hard clip; grpo's mean), "rloo" (RLOO's sequence-level clipped
+    /// loss, one term per completion; `rlft rloo`'s default).
     pub loss_type: LossType,
     /// Importance ratio per "token" (TRL's default) or per "sequence" (GSPO: exp of the
     /// completion's mean log-ratio, one per completion; pair it with loss_type = "grpo").
