@@ -29,7 +29,8 @@ use crate::online::Prepared;
 use crate::rollout::logs::OnlineLogs;
 use crate::rollout::stats::rollout_metrics;
 use crate::rollout::{
-    generate_and_score, no_grad_passes, policy_pass, MicroRows, NoGradPasses, Sample, ScoreOptions,
+    generate_and_score, no_grad_passes, policy_pass, MicroRows, NoGradPasses, Sample, Sampler,
+    ScoreOptions,
 };
 use crate::run::optim::mix;
 use crate::run::{
@@ -142,7 +143,7 @@ impl Algorithm for OnlineDpo<'_> {
         let settings = rollout_settings(o, policy, mix(o.args.seed, at.global_step));
         self.rewards.set_trainer_state(at.into());
         let (samples, scores) = generate_and_score(
-            &policy.model,
+            Sampler::Policy(&policy.model),
             &policy.text,
             self.train,
             &prompts,

@@ -17,7 +17,7 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
 use super::args::{LrSchedulerType, ReportTo, TrainingArgs};
-use super::{ConfigError, TrainerConfig};
+use super::{shared_args, ConfigError, TrainerConfig};
 use crate::algo::dpo_loss::{DpoLossConfig, DpoLossType};
 
 /// Which end of a too-long sequence `max_length` keeps (TRL's `truncation_mode`).
@@ -128,13 +128,7 @@ impl Default for DpoConfig {
 }
 
 impl TrainerConfig for DpoConfig {
-    fn args(&self) -> &TrainingArgs {
-        &self.args
-    }
-
-    fn args_mut(&mut self) -> &mut TrainingArgs {
-        &mut self.args
-    }
+    shared_args!();
 
     fn validate_own(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
@@ -226,14 +220,11 @@ impl DpoConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn parse(s: &str) -> Result<DpoConfig, ConfigError> {
-        DpoConfig::from_table(s.parse().unwrap(), "test.toml")
-    }
+    use crate::config::tests::parse;
 
     #[test]
     fn defaults_are_trls() {
-        let c = parse("dataset = \"d\"").unwrap();
+        let c = parse::<DpoConfig>("dataset = \"d\"").unwrap();
         assert_eq!(c.args.learning_rate, 1e-6);
         assert_eq!(c.args.logging_steps, 10);
         assert_eq!((c.beta, c.max_length), (0.1, 1024));
@@ -244,9 +235,9 @@ mod tests {
 
     #[test]
     fn loss_type_is_a_name_or_a_list() {
-        let c = parse("dataset = \"d\"\nloss_type = \"ipo\"").unwrap();
+        let c = parse::<DpoConfig>("dataset = \"d\"\nloss_type = \"ipo\"").unwrap();
         assert_eq!(c.loss_config().losses, vec![(DpoLossType::Ipo, 1.0)]);
-        let c = parse(
+        let c = parse::<DpoConfig>(
             "dataset = \"d\"\nloss_type = [\"sigmoid\", \"bco_pair\", \"sft\"]\n\
              loss_weights = [0.8, 0.2, 1.0]",
         )
@@ -267,7 +258,7 @@ mod tests {
     #[test]
     fn errors_name_the_key_and_fix() {
         let e = |s: &str| {
-            parse(&format!("dataset = \"d\"\n{s}"))
+            parse::<DpoConfig>(&format!("dataset = \"d\"\n{s}"))
                 .unwrap_err()
                 .to_string()
         };

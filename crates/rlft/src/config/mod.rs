@@ -54,6 +54,24 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+/// The two accessors of [`TrainerConfig`] for a config whose shared settings are its `args`
+/// field (`shared_args!()`, or `shared_args!(0.args)` through a newtype).
+macro_rules! shared_args {
+    ($($field:tt).+) => {
+        fn args(&self) -> &$crate::config::TrainingArgs {
+            &self.$($field).+
+        }
+
+        fn args_mut(&mut self) -> &mut $crate::config::TrainingArgs {
+            &mut self.$($field).+
+        }
+    };
+    () => {
+        shared_args!(args);
+    };
+}
+pub(crate) use shared_args;
+
 /// An algorithm's config: one [`TrainingArgs`] (flattened: its keys sit at the top level of the
 /// TOML) plus the algorithm's own keys. Loading, key checks, overrides and validation of the
 /// shared part live here once; an algorithm declares its keys, defaults and own checks.
@@ -279,8 +297,20 @@ pub fn keys_of<T: Serialize>(value: &T) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A config of type `C` from TOML text `s` (the config tests' one loader).
+    pub(crate) fn parse<C: TrainerConfig>(s: &str) -> Result<C, ConfigError> {
+        C::from_table(s.parse().unwrap(), "test.toml")
+    }
+
+    /// `extra` over a minimal valid online config (a dataset, one reward), loaded as `C`.
+    pub(crate) fn parse_online<C: TrainerConfig>(extra: &str) -> Result<C, ConfigError> {
+        parse(&format!(
+            "{extra}\ndataset = \"d.jsonl\"\n[[rewards]]\ntype = \"boxed_accuracy\"\n"
+        ))
+    }
 
     #[test]
     fn typos_get_the_closest_key() {

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::args::{LrSchedulerType, TrainingArgs};
 use super::online::{EstimatorSettings, OnlineConfig};
 use super::rollout::RolloutConfig;
-use super::{ConfigError, TrainerConfig};
+use super::{shared_args, ConfigError, TrainerConfig};
 use crate::algo::dpo_loss::{DpoLossConfig, DpoLossType};
 use crate::data::LengthPolicy;
 
@@ -122,13 +122,7 @@ impl Default for OnlineDpoConfig {
 }
 
 impl TrainerConfig for OnlineDpoConfig {
-    fn args(&self) -> &TrainingArgs {
-        &self.args
-    }
-
-    fn args_mut(&mut self) -> &mut TrainingArgs {
-        &mut self.args
-    }
+    shared_args!();
 
     fn validate_own(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
@@ -236,10 +230,8 @@ impl OnlineDpoConfig {
 mod tests {
     use super::*;
 
-    const BASE: &str = "dataset = \"d.jsonl\"\n[[rewards]]\ntype = \"boxed_accuracy\"\n";
-
     fn parse(extra: &str) -> Result<OnlineDpoConfig, ConfigError> {
-        OnlineDpoConfig::from_table(format!("{extra}\n{BASE}").parse().unwrap(), "test.toml")
+        crate::config::tests::parse_online(extra)
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::args::{LrSchedulerType, ReportTo, TrainingArgs};
-use super::{ConfigError, TrainerConfig};
+use super::{shared_args, ConfigError, TrainerConfig};
 
 /// How a new `score` head starts (rlft's key; a reward-model checkpoint keeps its head).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -75,13 +75,7 @@ impl Default for RewardConfig {
 }
 
 impl TrainerConfig for RewardConfig {
-    fn args(&self) -> &TrainingArgs {
-        &self.args
-    }
-
-    fn args_mut(&mut self) -> &mut TrainingArgs {
-        &mut self.args
-    }
+    shared_args!();
 
     fn validate_own(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
@@ -119,38 +113,37 @@ impl RewardConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn parse(s: &str) -> Result<RewardConfig, ConfigError> {
-        RewardConfig::from_table(s.parse().unwrap(), "test.toml")
-    }
+    use crate::config::tests::parse;
 
     #[test]
     fn defaults_are_trls() {
-        let c = parse("dataset = \"d\"").unwrap();
+        let c = parse::<RewardConfig>("dataset = \"d\"").unwrap();
         assert_eq!(c.args.learning_rate, 1e-4);
         assert_eq!(c.max_length, 1024);
         assert_eq!(c.center_rewards_coefficient, None);
         assert!(c.disable_dropout);
-        let c = parse("dataset = \"d\"\ncenter_rewards_coefficient = 0.01\nscore_init = \"zeros\"")
-            .unwrap();
+        let c = parse::<RewardConfig>(
+            "dataset = \"d\"\ncenter_rewards_coefficient = 0.01\nscore_init = \"zeros\"",
+        )
+        .unwrap();
         assert_eq!(c.center_rewards_coefficient, Some(0.01));
         assert_eq!(c.score_init, ScoreInit::Zeros);
     }
 
     #[test]
     fn errors_name_the_key_and_fix() {
-        let e = parse("dataset = \"d\"\ncenter_reward_coefficient = 0.1")
+        let e = parse::<RewardConfig>("dataset = \"d\"\ncenter_reward_coefficient = 0.1")
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("did you mean `center_rewards_coefficient`"),
             "{e}"
         );
-        let e = parse("dataset = \"d\"\ncenter_rewards_coefficient = -1.0")
+        let e = parse::<RewardConfig>("dataset = \"d\"\ncenter_rewards_coefficient = -1.0")
             .unwrap_err()
             .to_string();
         assert!(e.contains("0.01"), "{e}");
-        let e = parse("dataset = \"d\"\nscore_init = \"ones\"")
+        let e = parse::<RewardConfig>("dataset = \"d\"\nscore_init = \"ones\"")
             .unwrap_err()
             .to_string();
         assert!(e.contains("zeros"), "{e}");

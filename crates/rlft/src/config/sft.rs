@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::args::{LrSchedulerType, ReportTo, TrainingArgs};
-use super::{ConfigError, TrainerConfig};
+use super::{shared_args, ConfigError, TrainerConfig};
 use crate::data::LengthPolicy;
 
 /// Supervised fine-tuning config.
@@ -45,13 +45,7 @@ impl Default for SftConfig {
 }
 
 impl TrainerConfig for SftConfig {
-    fn args(&self) -> &TrainingArgs {
-        &self.args
-    }
-
-    fn args_mut(&mut self) -> &mut TrainingArgs {
-        &mut self.args
-    }
+    shared_args!();
 
     fn validate_own(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
@@ -72,14 +66,12 @@ impl TrainerConfig for SftConfig {
 mod tests {
     use super::*;
     use crate::config::apply_overrides;
-
-    fn parse(s: &str) -> Result<SftConfig, ConfigError> {
-        SftConfig::from_table(s.parse().unwrap(), "test.toml")
-    }
+    use crate::config::tests::parse;
 
     #[test]
     fn defaults_and_overrides() {
-        let c = parse("dataset = \"d.jsonl\"\nlearning_rate = 1e-4\n[lora]\nr = 8").unwrap();
+        let c = parse::<SftConfig>("dataset = \"d.jsonl\"\nlearning_rate = 1e-4\n[lora]\nr = 8")
+            .unwrap();
         assert_eq!(c.args.learning_rate, 1e-4);
         assert_eq!(c.args.lora.r, 8);
         assert_eq!(c.args.lora.lora_alpha, 32.0);
@@ -93,17 +85,19 @@ mod tests {
 
     #[test]
     fn errors_name_the_key_and_fix() {
-        let e = parse("dataset = \"d\"\nnum_train_epoch = 2")
+        let e = parse::<SftConfig>("dataset = \"d\"\nnum_train_epoch = 2")
             .unwrap_err()
             .to_string();
         assert!(e.contains("did you mean `num_train_epochs`"), "{e}");
-        let e = parse("learning_rate = 1e-5").unwrap_err().to_string();
+        let e = parse::<SftConfig>("learning_rate = 1e-5")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("dataset"), "{e}");
-        let e = parse("dataset = \"d\"\ntruncation = \"cut\"")
+        let e = parse::<SftConfig>("dataset = \"d\"\ntruncation = \"cut\"")
             .unwrap_err()
             .to_string();
         assert!(e.contains("truncate"), "{e}");
-        let e = parse("dataset = \"d\"\nlearning_rate = \"fast\"")
+        let e = parse::<SftConfig>("dataset = \"d\"\nlearning_rate = \"fast\"")
             .unwrap_err()
             .to_string();
         assert!(e.contains("learning_rate"), "{e}");

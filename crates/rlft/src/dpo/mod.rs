@@ -2,7 +2,7 @@
 //! 1.16's `DPOTrainer`.
 //!
 //! A step reads its pairs' reference log-probs (precomputed, or a no-grad pass of the
-//! reference over the step's pairs in `next_unit`, phase `ref_logprobs`), then for each
+//! reference over the step's pairs in `prepare`, phase `ref_logprobs`), then for each
 //! micro-batch scores the chosen and rejected completions with the policy in one pass in which
 //! each pair's prompt runs once and both completions attend to its keys and values
 //! ([`crate::rollout::score_batch`] with shared prompts, as GRPO's groups; TRL runs the
@@ -26,22 +26,22 @@
 mod setup;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use candle_core::{DType, Tensor};
 use rlft_model::CausalLm;
 use serde_json::{json, Value};
 
-use crate::algo::dpo_loss::{dpo_loss, sequence_logps, DpoLogps, DpoLossConfig, DpoStats};
+use crate::algo::dpo_loss::{dpo_loss, sequence_logps, DpoLogps, DpoLossConfig, DpoLossOutput};
 use crate::config::dpo::DpoConfig;
+use crate::config::TrainingArgs;
 use crate::data::dpo::DpoPair;
 use crate::data::prompts::PromptItem;
-use crate::data::DataCursor;
 use crate::error::{Result, TrainerError};
 use crate::rollout::{score_batch, timed, Sample, ScoreOptions};
+use crate::run::offline::{Offline, OfflineAlgorithm, OfflineStep};
 use crate::run::{
-    offline, Algorithm, Console, Metrics, Policy, Position, RunOptions, RunSummary, Shown,
-    StepOutcome, StepStats, GRAD_NORM, LEARNING_RATE, LOSS,
+    Console, Metrics, Policy, RunOptions, RunSummary, Shown, StepStats, GRAD_NORM, LEARNING_RATE,
+    LOSS,
 };
 pub use setup::{prepare, Prepared};
 
@@ -166,11 +166,7 @@ pub fn reference_logps(
 }
 
 /// The DPO loss of `pairs` scored as `s`, with their reference log-probs `refs`.
-fn losses(
-    cfg: &DpoLossConfig,
-    s: &PairLogps,
-    refs: &[(f64, f64)],
-) -> Result<crate::algo::dpo_loss::DpoLossOutput> {
+fn losses(cfg: &DpoLossConfig, s: &PairLogps, refs: &[(f64, f64)]) -> Result<DpoLossOutput> {
     let dev = s.chosen.device();
     let t = |f: fn(&(f64, f64)) -> f64| -> Result<Tensor> {
         let v: Vec<f32> = refs.iter().map(|r| f(r) as f32).collect();
@@ -188,50 +184,32 @@ fn losses(
     Ok(dpo_loss(&x, cfg)?)
 }
 
-/// Pair statistics gathered over a step or an eval pass.
-#[derive(Default)]
-struct Gathered {
-    chosen_rewards: Vec<f64>,
-    rejected_rewards: Vec<f64>,
-    logps_chosen: Vec<f64>,
-    logps_rejected: Vec<f64>,
-}
-
-impl Gathered {
-    fn add(&mut self, out: &crate::algo::dpo_loss::DpoLossOutput, s: &PairLogps) -> Result<()> {
-        let v = |t: &Tensor| -> Result<Vec<f64>> { Ok(t.to_dtype(DType::F64)?.to_vec1()?) };
-        self.chosen_rewards.extend(v(&out.chosen_rewards)?);
-        self.rejected_rewards.extend(v(&out.rejected_rewards)?);
-        self.logps_chosen.extend(v(&s.chosen.detach())?);
-        self.logps_rejected.extend(v(&s.rejected.detach())?);
-        Ok(())
+/// Adds each pair's TRL statistics (`rewards/*`, `logps/*`) to `stats` with weight 1, so that
+/// the means are over the pairs of the step (or eval pass), as
+/// [`DpoStats`](crate::algo::dpo_loss::DpoStats) names them.
+fn add_pair_stats(stats: &mut StepStats, out: &DpoLossOutput, s: &PairLogps) -> Result<()> {
+    let v = |t: &Tensor| -> Result<Vec<f64>> { Ok(t.to_dtype(DType::F64)?.to_vec1()?) };
+    let (chosen, rejected) = (v(&out.chosen_rewards)?, v(&out.rejected_rewards)?);
+    let (lc, lr) = (v(&s.chosen.detach())?, v(&s.rejected.detach())?);
+    for (((&c, &r), lc), lr) in chosen.iter().zip(&rejected).zip(lc).zip(lr) {
+        stats.add("rewards/chosen", c, 1.0);
+        stats.add("rewards/rejected", r, 1.0);
+        stats.add("rewards/accuracies", f64::from(u8::from(c > r)), 1.0);
+        stats.add("rewards/margins", c - r, 1.0);
+        stats.add("logps/chosen", lc, 1.0);
+        stats.add("logps/rejected", lr, 1.0);
     }
-
-    fn stats(&self) -> DpoStats {
-        DpoStats::of(
-            &self.chosen_rewards,
-            &self.rejected_rewards,
-            (&self.logps_chosen, &self.logps_rejected),
-        )
-    }
+    Ok(())
 }
 
-/// One optimiser step's micro-batches of pair indices and their reference log-probs.
-pub struct DpoUnit {
-    micro: Vec<Vec<usize>>,
-    refs: HashMap<usize, (f64, f64)>,
-}
-
-/// DPO as an [`Algorithm`].
+/// DPO as an [`OfflineAlgorithm`]: a step is micro-batches of pairs, with the reference
+/// log-probs of its pairs.
 struct Dpo<'a> {
     cfg: &'a DpoConfig,
     loss: DpoLossConfig,
     reference: &'a Reference,
     train: &'a [DpoPair],
     eval: &'a [DpoPair],
-    total_steps: u64,
-    /// The current step's pair statistics, drained by `step_metrics`.
-    step: Mutex<Gathered>,
 }
 
 impl Dpo<'_> {
@@ -253,8 +231,9 @@ impl Dpo<'_> {
     }
 }
 
-impl Algorithm for Dpo<'_> {
-    type Unit = DpoUnit;
+impl OfflineAlgorithm for Dpo<'_> {
+    /// The reference log-probs (chosen, rejected) of the step's pairs, by pair index.
+    type Extra = HashMap<usize, (f64, f64)>;
 
     const CONSOLE: Console = Console {
         step: &[
@@ -274,22 +253,20 @@ impl Algorithm for Dpo<'_> {
         ],
     };
 
-    fn data_len(&self) -> usize {
+    fn args(&self) -> &TrainingArgs {
+        &self.cfg.args
+    }
+
+    fn rows(&self) -> usize {
         self.train.len()
     }
 
-    fn total_steps(&self) -> u64 {
-        self.total_steps
-    }
-
-    fn next_unit(
+    fn prepare(
         &mut self,
         policy: &Policy,
-        data: &mut DataCursor,
-        _at: Position,
+        micro: &[Vec<usize>],
         times: &mut Metrics,
-    ) -> Result<DpoUnit> {
-        let micro = offline::next_step_rows(&self.cfg.args, data);
+    ) -> Result<Self::Extra> {
         let mut idx: Vec<usize> = micro.iter().flatten().copied().collect();
         idx.sort_unstable();
         idx.dedup();
@@ -302,60 +279,26 @@ impl Algorithm for Dpo<'_> {
                 })
             })?
         };
-        Ok(DpoUnit {
-            micro,
-            refs: idx.into_iter().zip(refs).collect(),
-        })
-    }
-
-    fn steps(&self, unit: &DpoUnit) -> Vec<Vec<Vec<usize>>> {
-        vec![unit.micro.clone()]
+        Ok(idx.into_iter().zip(refs).collect())
     }
 
     fn micro_loss(
         &self,
         policy: &Policy,
-        unit: &DpoUnit,
-        step: &[Vec<usize>],
+        step: &OfflineStep<Self::Extra>,
         micro: &[usize],
         stats: &mut StepStats,
-    ) -> Result<Option<Tensor>> {
-        let step_pairs: usize = step.iter().map(Vec::len).sum();
+    ) -> Result<Tensor> {
         let pairs: Vec<&DpoPair> = micro.iter().map(|&i| &self.train[i]).collect();
         let s = pair_logps(&policy.model, &pairs, policy.pad_id, true)?;
-        let refs: Vec<(f64, f64)> = micro.iter().map(|i| unit.refs[i]).collect();
+        let refs: Vec<(f64, f64)> = micro.iter().map(|i| step.extra[i]).collect();
         let out = losses(&self.loss, &s, &refs)?;
         stats.tokens += s.tokens;
-        self.step.lock().expect("not poisoned").add(&out, &s)?;
-        Ok(Some((out.losses.sum_all()? / step_pairs.max(1) as f64)?))
+        add_pair_stats(stats, &out, &s)?;
+        Ok((out.losses.sum_all()? / step.rows().max(1) as f64)?)
     }
 
-    fn step_metrics(
-        &self,
-        _: &DpoUnit,
-        out: &StepOutcome,
-        first: bool,
-        times: &Metrics,
-    ) -> Metrics {
-        let g = std::mem::take(&mut *self.step.lock().expect("not poisoned"));
-        let mut m: Metrics = vec![
-            ("loss".into(), out.loss),
-            ("learning_rate".into(), out.lr),
-            ("grad_norm".into(), out.grad_norm),
-        ];
-        m.extend(g.stats().named(""));
-        m.push((
-            "tokens_per_s".into(),
-            out.tokens as f64 / out.seconds.max(1e-9),
-        ));
-        m.push(("time/update".into(), out.seconds));
-        if first {
-            m.extend(times.iter().cloned());
-        }
-        m
-    }
-
-    fn evaluate(&mut self, policy: &Policy, _at: Position) -> Result<Option<Metrics>> {
+    fn evaluate(&mut self, policy: &Policy) -> Result<Option<Metrics>> {
         if self.eval.is_empty() {
             return Ok(None);
         }
@@ -363,7 +306,7 @@ impl Algorithm for Dpo<'_> {
         let batch = self.cfg.args.per_device_train_batch_size.max(1);
         let all: Vec<usize> = (0..self.eval.len()).collect();
         let refs = self.refs(policy, self.eval, &all)?;
-        let (mut total, mut g) = (0f64, Gathered::default());
+        let (mut total, mut stats) = (0f64, StepStats::default());
         for (chunk, r) in all.chunks(batch).zip(refs.chunks(batch)) {
             let pairs: Vec<&DpoPair> = chunk.iter().map(|&i| &self.eval[i]).collect();
             let s = pair_logps(&plain, &pairs, policy.pad_id, false)?;
@@ -373,10 +316,10 @@ impl Algorithm for Dpo<'_> {
                 .to_dtype(DType::F64)?
                 .sum_all()?
                 .to_scalar::<f64>()?;
-            g.add(&out, &s)?;
+            add_pair_stats(&mut stats, &out, &s)?;
         }
         let mut m: Metrics = vec![("eval_loss".into(), total / self.eval.len() as f64)];
-        m.extend(g.stats().named("eval_"));
+        m.extend(stats.means().map(|(k, v)| (format!("eval_{k}"), v)));
         Ok(Some(m))
     }
 }
@@ -384,16 +327,15 @@ impl Algorithm for Dpo<'_> {
 /// Trains with DPO as configured. Prints progress when asked; writes metrics, checkpoints and
 /// the final model (with LoRA also the adapter) under `output_dir`.
 pub fn train(cfg: &DpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<RunSummary> {
-    let mut algo = Dpo {
+    let algo = Dpo {
         cfg,
         loss: cfg.loss_config(),
         reference: &p.reference,
         train: &p.train,
         eval: &p.eval,
-        total_steps: p.total_steps as u64,
-        step: Mutex::default(),
     };
-    crate::run::run(cfg, &mut algo, &mut p.policy, opts)
+    let total_steps = p.total_steps as u64;
+    crate::run::run(cfg, &mut Offline { algo, total_steps }, &mut p.policy, opts)
 }
 
 /// The JSON summary line `rlft dpo` prints at the end.

@@ -27,8 +27,8 @@ use crate::rollout::logs::{online_step_metrics, OnlineLogs};
 use crate::rollout::remote::ServerPool;
 use crate::rollout::stats::{rollout_metrics, HealthMonitor};
 use crate::rollout::{
-    generate_and_score, generate_and_score_remote, no_grad_passes, policy_pass, timed, MicroRows,
-    NoGradPasses, Sample, ScoreOptions,
+    generate_and_score, no_grad_passes, policy_pass, timed, MicroRows, NoGradPasses, Sample,
+    Sampler, ScoreOptions,
 };
 use crate::run::optim::mix;
 use crate::run::{
@@ -102,26 +102,15 @@ impl Online<'_> {
             })?),
             None => None,
         };
-        let servers = self.servers.as_ref().zip(served.as_deref());
+        let sampler = match self.servers.as_ref().zip(served.as_deref()) {
+            Some((pool, model)) => Sampler::Servers { pool, model },
+            None => Sampler::Policy(&policy.model),
+        };
         let mut generate = |data: &mut DataCursor, seed: u64, times: &mut Metrics| {
             let prompts = data.take(want);
             let settings = rollout_settings(cfg, policy, seed);
-            let (p, t) = (&policy.model, &policy.text);
-            match servers {
-                Some((pool, model)) => generate_and_score_remote(
-                    pool,
-                    model,
-                    t,
-                    self.train,
-                    &prompts,
-                    &settings,
-                    self.rewards,
-                    times,
-                ),
-                None => {
-                    generate_and_score(p, t, self.train, &prompts, &settings, self.rewards, times)
-                }
-            }
+            let (t, train) = (&policy.text, self.train);
+            generate_and_score(sampler, t, train, &prompts, &settings, self.rewards, times)
         };
         if !cfg.estimator.dynamic_sampling {
             let (samples, scores) = generate(data, seed, times)?;

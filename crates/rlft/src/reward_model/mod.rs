@@ -37,12 +37,13 @@ use serde_json::{json, Value};
 
 use crate::algo::reward::{pair_losses, PairStats};
 use crate::config::reward::RewardConfig;
+use crate::config::TrainingArgs;
 use crate::data::preferences::RewardPair;
-use crate::data::DataCursor;
 use crate::error::Result;
+use crate::run::offline::{Offline, OfflineAlgorithm, OfflineStep};
 use crate::run::{
-    Algorithm, Console, Metrics, Policy, Position, RunOptions, RunSummary, Shown, StepOutcome,
-    StepStats, GRAD_NORM, LEARNING_RATE, LOSS,
+    Console, Metrics, Policy, RunOptions, RunSummary, Shown, StepStats, GRAD_NORM, LEARNING_RATE,
+    LOSS,
 };
 pub use setup::{prepare, Prepared};
 
@@ -100,18 +101,17 @@ fn losses(
     Ok((l, v(&chosen)?, v(&rejected)?))
 }
 
-/// A reward model as an [`Algorithm`]: a unit is one optimiser step's micro-batches of pairs.
+/// A reward model as an [`OfflineAlgorithm`]: a step is micro-batches of pairs.
 struct RewardModel<'a> {
     cfg: &'a RewardConfig,
     head: &'a ScoreHead,
     train: &'a [RewardPair],
     eval: &'a [RewardPair],
     has_margin: bool,
-    total_steps: u64,
 }
 
-impl Algorithm for RewardModel<'_> {
-    type Unit = Vec<Vec<usize>>;
+impl OfflineAlgorithm for RewardModel<'_> {
+    type Extra = ();
 
     const CONSOLE: Console = Console {
         step: &[
@@ -129,37 +129,26 @@ impl Algorithm for RewardModel<'_> {
         ],
     };
 
-    fn data_len(&self) -> usize {
+    fn args(&self) -> &TrainingArgs {
+        &self.cfg.args
+    }
+
+    fn rows(&self) -> usize {
         self.train.len()
     }
 
-    fn total_steps(&self) -> u64 {
-        self.total_steps
-    }
-
-    fn next_unit(
-        &mut self,
-        _policy: &Policy,
-        data: &mut DataCursor,
-        _at: Position,
-        _times: &mut Metrics,
-    ) -> Result<Self::Unit> {
-        Ok(crate::run::offline::next_step_rows(&self.cfg.args, data))
-    }
-
-    fn steps(&self, unit: &Self::Unit) -> Vec<Vec<Vec<usize>>> {
-        vec![unit.clone()]
+    fn prepare(&mut self, _: &Policy, _: &[Vec<usize>], _: &mut Metrics) -> Result<()> {
+        Ok(())
     }
 
     fn micro_loss(
         &self,
         policy: &Policy,
-        _unit: &Self::Unit,
-        step: &[Vec<usize>],
+        step: &OfflineStep<()>,
         micro: &[usize],
         stats: &mut StepStats,
-    ) -> Result<Option<Tensor>> {
-        let step_pairs: usize = step.iter().map(Vec::len).sum();
+    ) -> Result<Tensor> {
+        let step_pairs = step.rows();
         let pairs: Vec<&RewardPair> = micro.iter().map(|&i| &self.train[i]).collect();
         let s = score_pairs(&policy.model, self.head, &pairs, policy.pad_id, true)?;
         let (l, chosen, rejected) = losses(self.cfg, &s, &pairs, self.has_margin)?;
@@ -171,28 +160,18 @@ impl Algorithm for RewardModel<'_> {
         stats.add("mean_reward", st.mean_reward, 2.0 * n);
         stats.min("min_reward", st.min_reward);
         stats.max("max_reward", st.max_reward);
-        Ok(Some((l.sum_all()? / step_pairs.max(1) as f64)?))
+        Ok((l.sum_all()? / step_pairs.max(1) as f64)?)
     }
 
-    fn step_metrics(&self, _: &Self::Unit, out: &StepOutcome, _: bool, _: &Metrics) -> Metrics {
-        let mut m: Metrics = vec![
-            ("loss".into(), out.loss),
-            ("learning_rate".into(), out.lr),
-            ("grad_norm".into(), out.grad_norm),
-        ];
-        m.extend(out.stats.means().map(|(k, v)| (k.to_string(), v)));
+    fn own_metrics(&self, stats: &StepStats) -> Metrics {
+        let mut m: Metrics = stats.means().map(|(k, v)| (k.to_string(), v)).collect();
         for key in ["min_reward", "max_reward"] {
-            m.push((key.into(), out.stats.extreme(key).unwrap_or(f64::NAN)));
+            m.push((key.into(), stats.extreme(key).unwrap_or(f64::NAN)));
         }
-        m.push((
-            "tokens_per_s".into(),
-            out.tokens as f64 / out.seconds.max(1e-9),
-        ));
-        m.push(("time/update".into(), out.seconds));
         m
     }
 
-    fn evaluate(&mut self, policy: &Policy, _at: Position) -> Result<Option<Metrics>> {
+    fn evaluate(&mut self, policy: &Policy) -> Result<Option<Metrics>> {
         if self.eval.is_empty() {
             return Ok(None);
         }
@@ -254,15 +233,15 @@ pub fn export(
 /// Trains the reward model as configured. Prints progress when asked; writes metrics,
 /// checkpoints and the final model under `output_dir`.
 pub fn train(cfg: &RewardConfig, p: &mut Prepared, opts: &RunOptions) -> Result<RunSummary> {
-    let mut algo = RewardModel {
+    let algo = RewardModel {
         cfg,
         head: &p.head,
         train: &p.train,
         eval: &p.eval,
         has_margin: p.has_margin,
-        total_steps: p.total_steps as u64,
     };
-    crate::run::run(cfg, &mut algo, &mut p.policy, opts)
+    let total_steps = p.total_steps as u64;
+    crate::run::run(cfg, &mut Offline { algo, total_steps }, &mut p.policy, opts)
 }
 
 /// The JSON summary line `rlft reward-model` prints at the end.

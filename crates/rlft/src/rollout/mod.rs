@@ -126,31 +126,24 @@ pub fn timed<T>(times: &mut Metrics, phase: &str, f: impl FnOnce() -> Result<T>)
     Ok(out)
 }
 
-/// Generates the completions of `prompts` from `policy` and scores them with `rewards`: the
-/// `generate` and `reward` phases every online trainer starts with.
-pub fn generate_and_score(
-    policy: &CausalLm,
-    text: &TextBundle,
-    items: &[PromptItem],
-    prompts: &[usize],
-    settings: &RolloutSettings,
-    rewards: &mut RewardSet,
-    times: &mut Metrics,
-) -> Result<(Vec<Sample>, Scores)> {
-    let samples = timed(times, "generate", || {
-        let m = rollout_model(policy)?;
-        sample_completions(&m, text, items, prompts, settings)
-    })?;
-    let scores = timed(times, "reward", || score_samples(rewards, items, &samples))?;
-    Ok((samples, scores))
+/// Where a rollout's completions are sampled.
+#[derive(Clone, Copy)]
+pub enum Sampler<'a> {
+    /// In process, from (a detached view of) the policy.
+    Policy(&'a CausalLm),
+    /// On OpenAI-compatible servers ([`remote`]), from `model`: the adapter version they hold.
+    Servers {
+        /// The servers.
+        pool: &'a remote::ServerPool,
+        /// The model name to ask them for.
+        model: &'a str,
+    },
 }
 
-/// [`generate_and_score`] with the completions sampled on servers ([`remote`]) from `model`
-/// (the adapter version the servers hold).
-#[allow(clippy::too_many_arguments)]
-pub fn generate_and_score_remote(
-    pool: &remote::ServerPool,
-    model: &str,
+/// Generates the completions of `prompts` with `sampler` and scores them with `rewards`: the
+/// `generate` and `reward` phases every online trainer starts with.
+pub fn generate_and_score(
+    sampler: Sampler<'_>,
     text: &TextBundle,
     items: &[PromptItem],
     prompts: &[usize],
@@ -158,8 +151,12 @@ pub fn generate_and_score_remote(
     rewards: &mut RewardSet,
     times: &mut Metrics,
 ) -> Result<(Vec<Sample>, Scores)> {
-    let samples = timed(times, "generate", || {
-        pool.sample(model, text, items, prompts, settings)
+    let samples = timed(times, "generate", || match sampler {
+        Sampler::Policy(policy) => {
+            let m = rollout_model(policy)?;
+            sample_completions(&m, text, items, prompts, settings)
+        }
+        Sampler::Servers { pool, model } => pool.sample(model, text, items, prompts, settings),
     })?;
     let scores = timed(times, "reward", || score_samples(rewards, items, &samples))?;
     Ok((samples, scores))

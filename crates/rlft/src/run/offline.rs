@@ -1,8 +1,17 @@
 //! What the offline trainers (SFT, reward models, DPO) share: a unit is one optimiser step's
 //! micro-batches of dataset rows, and the step count follows from epochs or `max_steps`.
+//!
+//! An offline trainer implements [`OfflineAlgorithm`] (its loss, its eval, what a step carries
+//! besides its rows); [`Offline`] makes it an [`Algorithm`] for the run core.
 
+use std::path::{Path, PathBuf};
+
+use candle_core::Tensor;
+
+use super::{Algorithm, Console, Metrics, Policy, Position, StepOutcome, StepStats};
 use crate::config::TrainingArgs;
 use crate::data::DataCursor;
+use crate::error::Result;
 
 /// Optimiser steps of a run over `rows` rows: `max_steps` when set, else `num_train_epochs`
 /// epochs of `train_batch()` rows per step (at least 1).
@@ -20,4 +29,148 @@ pub fn next_step_rows(args: &TrainingArgs, data: &mut DataCursor) -> Vec<Vec<usi
     (0..args.gradient_accumulation_steps)
         .map(|_| data.take(args.per_device_train_batch_size))
         .collect()
+}
+
+/// One optimiser step of an offline trainer: its micro-batches of row indices and what the
+/// trainer prepared for them ([`OfflineAlgorithm::prepare`]).
+pub struct OfflineStep<E> {
+    /// The micro-batches, `gradient_accumulation_steps` of them.
+    pub micro: Vec<Vec<usize>>,
+    /// The trainer's own data for the step (DPO: the pairs' reference log-probs).
+    pub extra: E,
+}
+
+impl<E> OfflineStep<E> {
+    /// Rows of the whole step (the normaliser of the losses that average over it).
+    pub fn rows(&self) -> usize {
+        self.micro.iter().map(Vec::len).sum()
+    }
+}
+
+/// An offline trainer's own part.
+pub trait OfflineAlgorithm: Send {
+    /// What a step carries besides its rows.
+    type Extra: Sync;
+
+    /// The metrics the console shows.
+    const CONSOLE: Console;
+
+    /// The shared settings (batch sizes).
+    fn args(&self) -> &TrainingArgs;
+
+    /// Rows of the training set.
+    fn rows(&self) -> usize;
+
+    /// The step's own data, from its micro-batches; timed phases go to `times`.
+    fn prepare(
+        &mut self,
+        policy: &Policy,
+        micro: &[Vec<usize>],
+        times: &mut Metrics,
+    ) -> Result<Self::Extra>;
+
+    /// The differentiable loss of micro-batch `micro` of `step`; diagnostics go to `stats`.
+    fn micro_loss(
+        &self,
+        policy: &Policy,
+        step: &OfflineStep<Self::Extra>,
+        micro: &[usize],
+        stats: &mut StepStats,
+    ) -> Result<Tensor>;
+
+    /// The step's own metrics, logged after its loss, learning rate and gradient norm: the
+    /// means of `stats` unless said otherwise.
+    fn own_metrics(&self, stats: &StepStats) -> Metrics {
+        stats.means().map(|(k, v)| (k.to_string(), v)).collect()
+    }
+
+    /// An eval pass (None without eval data).
+    fn evaluate(&mut self, policy: &Policy) -> Result<Option<Metrics>>;
+
+    /// Writes the final model ([`Algorithm::export`]).
+    fn export(&self, out_dir: &Path, model_name: &str, policy: &Policy) -> Result<PathBuf> {
+        Ok(super::setup::export_final(out_dir, model_name, policy)?)
+    }
+}
+
+/// An [`OfflineAlgorithm`] as an [`Algorithm`]: each unit is one optimiser step of the next
+/// rows, for `total_steps` steps.
+pub struct Offline<A> {
+    /// The trainer.
+    pub algo: A,
+    /// Optimiser steps of the run.
+    pub total_steps: u64,
+}
+
+impl<A: OfflineAlgorithm> Algorithm for Offline<A> {
+    type Unit = OfflineStep<A::Extra>;
+
+    const CONSOLE: Console = A::CONSOLE;
+
+    fn data_len(&self) -> usize {
+        self.algo.rows()
+    }
+
+    fn total_steps(&self) -> u64 {
+        self.total_steps
+    }
+
+    fn next_unit(
+        &mut self,
+        policy: &Policy,
+        data: &mut DataCursor,
+        _at: Position,
+        times: &mut Metrics,
+    ) -> Result<Self::Unit> {
+        let micro = next_step_rows(self.algo.args(), data);
+        let extra = self.algo.prepare(policy, &micro, times)?;
+        Ok(OfflineStep { micro, extra })
+    }
+
+    fn steps(&self, unit: &Self::Unit) -> Vec<Vec<Vec<usize>>> {
+        vec![unit.micro.clone()]
+    }
+
+    fn micro_loss(
+        &self,
+        policy: &Policy,
+        unit: &Self::Unit,
+        _step: &[Vec<usize>],
+        micro: &[usize],
+        stats: &mut StepStats,
+    ) -> Result<Option<Tensor>> {
+        Ok(Some(self.algo.micro_loss(policy, unit, micro, stats)?))
+    }
+
+    fn step_metrics(
+        &self,
+        _unit: &Self::Unit,
+        out: &StepOutcome,
+        first_of_unit: bool,
+        unit_times: &Metrics,
+    ) -> Metrics {
+        let mut m: Metrics = vec![
+            ("loss".into(), out.loss),
+            ("learning_rate".into(), out.lr),
+            ("grad_norm".into(), out.grad_norm),
+        ];
+        m.extend(self.algo.own_metrics(&out.stats));
+        m.push((
+            "tokens_per_s".into(),
+            out.tokens as f64 / out.seconds.max(1e-9),
+        ));
+        m.push(("time/update".into(), out.seconds));
+        if first_of_unit {
+            m.extend(unit_times.iter().cloned());
+        }
+        m
+    }
+
+    fn evaluate(&mut self, policy: &Policy, _at: Position) -> Result<Option<Metrics>> {
+        self.algo.evaluate(policy)
+    }
+
+    fn export(&self, out_dir: &Path, model_name: &str, policy: &Policy) -> Result<PathBuf> {
+        self.algo.export(out_dir, model_name, policy)
+    }
 }

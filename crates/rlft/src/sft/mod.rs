@@ -12,12 +12,13 @@ use candle_core::{DType, Tensor};
 use serde_json::{json, Value};
 
 use crate::config::sft::SftConfig;
+use crate::config::TrainingArgs;
 use crate::data::sft::SftExample;
-use crate::data::DataCursor;
 use crate::error::Result;
+use crate::run::offline::{Offline, OfflineAlgorithm, OfflineStep};
 use crate::run::{
-    Algorithm, Console, Metrics, Policy, Position, RunOptions, RunSummary, Shown, StepOutcome,
-    StepStats, GRAD_NORM, LEARNING_RATE, LOSS,
+    Console, Metrics, Policy, RunOptions, RunSummary, Shown, StepStats, GRAD_NORM, LEARNING_RATE,
+    LOSS,
 };
 pub use setup::{prepare, Prepared};
 
@@ -39,16 +40,15 @@ fn eval_loss(policy: &Policy, examples: &[SftExample], batch_size: usize) -> Res
     Ok(Some(total / count.max(1) as f64))
 }
 
-/// SFT as an [`Algorithm`]: a unit is one optimiser step's micro-batches of example indices.
+/// SFT as an [`OfflineAlgorithm`]: a step is micro-batches of example indices.
 struct Sft<'a> {
     cfg: &'a SftConfig,
     train: &'a [SftExample],
     eval: &'a [SftExample],
-    total_steps: u64,
 }
 
-impl Algorithm for Sft<'_> {
-    type Unit = Vec<Vec<usize>>;
+impl OfflineAlgorithm for Sft<'_> {
+    type Extra = ();
 
     const CONSOLE: Console = Console {
         step: &[LOSS, GRAD_NORM, LEARNING_RATE],
@@ -56,37 +56,27 @@ impl Algorithm for Sft<'_> {
         eval: &[Shown::new("eval_loss", "loss")],
     };
 
-    fn data_len(&self) -> usize {
+    fn args(&self) -> &TrainingArgs {
+        &self.cfg.args
+    }
+
+    fn rows(&self) -> usize {
         self.train.len()
     }
 
-    fn total_steps(&self) -> u64 {
-        self.total_steps
-    }
-
-    fn next_unit(
-        &mut self,
-        _policy: &Policy,
-        data: &mut DataCursor,
-        _at: Position,
-        _times: &mut Metrics,
-    ) -> Result<Self::Unit> {
-        Ok(crate::run::offline::next_step_rows(&self.cfg.args, data))
-    }
-
-    fn steps(&self, unit: &Self::Unit) -> Vec<Vec<Vec<usize>>> {
-        vec![unit.clone()]
+    fn prepare(&mut self, _: &Policy, _: &[Vec<usize>], _: &mut Metrics) -> Result<()> {
+        Ok(())
     }
 
     fn micro_loss(
         &self,
         policy: &Policy,
-        _unit: &Self::Unit,
-        step: &[Vec<usize>],
+        step: &OfflineStep<()>,
         micro: &[usize],
         stats: &mut StepStats,
-    ) -> Result<Option<Tensor>> {
+    ) -> Result<Tensor> {
         let total_targets: usize = step
+            .micro
             .iter()
             .flatten()
             .map(|&i| self.train[i].loss_mask[1..].iter().filter(|&&m| m).count())
@@ -95,22 +85,10 @@ impl Algorithm for Sft<'_> {
         let mb = batch::micro_batch(&refs, policy.pad_id, policy.model.device())?;
         let nll = batch::summed_nll(&policy.model, &mb, true)?;
         stats.tokens += mb.num_tokens;
-        Ok(Some((nll / total_targets.max(1) as f64)?))
+        Ok((nll / total_targets.max(1) as f64)?)
     }
 
-    fn step_metrics(&self, _: &Self::Unit, out: &StepOutcome, _: bool, _: &Metrics) -> Metrics {
-        vec![
-            ("loss".into(), out.loss),
-            ("learning_rate".into(), out.lr),
-            ("grad_norm".into(), out.grad_norm),
-            (
-                "tokens_per_s".into(),
-                out.tokens as f64 / out.seconds.max(1e-9),
-            ),
-        ]
-    }
-
-    fn evaluate(&mut self, policy: &Policy, _at: Position) -> Result<Option<Metrics>> {
+    fn evaluate(&mut self, policy: &Policy) -> Result<Option<Metrics>> {
         let batch = self.cfg.args.per_device_train_batch_size;
         Ok(eval_loss(policy, self.eval, batch)?.map(|l| vec![("eval_loss".to_string(), l)]))
     }
@@ -119,13 +97,13 @@ impl Algorithm for Sft<'_> {
 /// Runs SFT as configured. Prints progress when asked; writes metrics, checkpoints and the final
 /// model under `output_dir`.
 pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<RunSummary> {
-    let mut algo = Sft {
+    let algo = Sft {
         cfg,
         train: &p.train,
         eval: &p.eval,
-        total_steps: p.total_steps as u64,
     };
-    crate::run::run(cfg, &mut algo, &mut p.policy, opts)
+    let total_steps = p.total_steps as u64;
+    crate::run::run(cfg, &mut Offline { algo, total_steps }, &mut p.policy, opts)
 }
 
 /// The JSON summary line `rlft sft` prints at the end.

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::{EstimatorSettings, OnlineConfig};
 use crate::algo::{Estimator, LossType};
 use crate::config::args::TrainingArgs;
-use crate::config::{ConfigError, TrainerConfig};
+use crate::config::{shared_args, ConfigError, TrainerConfig};
 
 impl AsRef<OnlineConfig> for OnlineConfig {
     fn as_ref(&self) -> &OnlineConfig {
@@ -53,13 +53,7 @@ macro_rules! online_command {
         }
 
         impl TrainerConfig for $name {
-            fn args(&self) -> &TrainingArgs {
-                &self.0.args
-            }
-
-            fn args_mut(&mut self) -> &mut TrainingArgs {
-                &mut self.0.args
-            }
+            shared_args!(0.args);
 
             fn alias_keys() -> Vec<&'static str> {
                 OnlineConfig::alias_keys()

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::args::TrainingArgs;
 use super::rollout::RolloutConfig;
-use super::{ConfigError, TrainerConfig};
+use super::{shared_args, ConfigError, TrainerConfig};
 use crate::algo::{
     AdvantageConfig, ImportanceSamplingLevel, LossConfig, LossType, MultiObjectiveAggregation,
     ScaleRewards,
@@ -168,13 +168,7 @@ impl Default for OnlineConfig {
 }
 
 impl TrainerConfig for OnlineConfig {
-    fn args(&self) -> &TrainingArgs {
-        &self.args
-    }
-
-    fn args_mut(&mut self) -> &mut TrainingArgs {
-        &mut self.args
-    }
+    shared_args!();
 
     fn alias_keys() -> Vec<&'static str> {
         let mut keys: Vec<&str> = ALIASES.iter().chain(ONLINE_ALIASES).map(|a| a.0).collect();
@@ -324,12 +318,7 @@ impl OnlineConfig {
 mod tests {
     use super::*;
 
-    const BASE: &str = "dataset = \"d.jsonl\"\n[[rewards]]\ntype = \"boxed_accuracy\"\n";
-
-    /// `extra` over a minimal valid config, loaded as `C` (the online tests' one loader).
-    pub(super) fn parse_as<C: TrainerConfig>(extra: &str) -> Result<C, ConfigError> {
-        C::from_table(format!("{extra}\n{BASE}").parse().unwrap(), "test.toml")
-    }
+    pub(super) use crate::config::tests::parse_online as parse_as;
 
     fn parse(extra: &str) -> Result<OnlineConfig, ConfigError> {
         parse_as(extra)
