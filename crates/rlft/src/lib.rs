@@ -26,6 +26,7 @@ pub mod error;
 pub mod online;
 pub mod online_dpo;
 pub mod plan;
+pub mod plan_inputs;
 pub mod reward_model;
 pub mod rollout;
 pub mod run;
