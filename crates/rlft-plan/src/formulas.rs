@@ -302,13 +302,16 @@ pub fn activations(dims: &ModelDims, tuning: &Tuning, kernels: Kernels, head: He
     let per_token = layer_bytes_per_token(dims, kernels, tuning);
     let per_score = if kernels == Kernels::Composite { SCORE_BYTES } else { 0 };
     let tokens = mb.tokens() as u64;
-    // One layer: the MLP's `[tokens, i]` tensors (3 fused, 4 composite) may be mapped fresh,
-    // the rest is counted on the heap; scores as 5 f32 and 3 bf16 buffers per pass.
+    // One layer's buffers, for the mmap threshold: the MLP's `[tokens, i]` tensors (3 fused,
+    // 4 composite), the rest as `[tokens, h]` tensors and a small remainder; scores as 5 f32
+    // and 3 bf16 buffers per pass.
     let mlp = if kernels == Kernels::Fused { 3 } else { 4 };
+    let rest = per_token.saturating_sub(mlp * i * act);
     let mut one = Sized::default();
     for p in &mb.passes {
         let t = p.total_tokens() as u64;
-        one = one + Sized::times(t * i * act, mlp) + Sized::heap(t * (per_token - mlp * i * act));
+        let widths = Sized::times(t * i * act, mlp) + Sized::times(t * h * act, rest / (h * act));
+        one = one + widths + Sized::heap(t * (rest % (h * act)));
         if per_score > 0 {
             let s = (p.rows * dims.heads * p.tokens * p.keys) as u64;
             one = one + Sized::times(s * 4, 5) + Sized::times(s * 2, 3);
