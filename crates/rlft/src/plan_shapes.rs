@@ -271,3 +271,84 @@ pub fn prompts_per_micro_batch(b: usize, g: usize, n: usize) -> usize {
     let b = b.max(1);
     (0..n.max(b)).step_by(b).map(|s| (s + b - 1) / g - s / g + 1).max().unwrap_or(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::online_dpo::OnlineDpoConfig;
+    use crate::plan_inputs::{model_dims, DpoLengths, LengthSource};
+
+    fn tiny_model() -> Model {
+        let c = rlft_model::tiny::tiny_config(rlft_model::Family::Qwen2);
+        Model {
+            dims: model_dims(&c),
+            score_head: false,
+            headless: false,
+            source_file_bytes: 0,
+            decode_block_bytes: 0,
+            frozen_blocks: (0, 0),
+        }
+    }
+
+    #[test]
+    fn dims_count_every_familys_parameters() {
+        for fam in [rlft_model::Family::Llama, rlft_model::Family::Qwen2, rlft_model::Family::Qwen3] {
+            let c = rlft_model::tiny::tiny_config(fam);
+            assert_eq!(model_dims(&c).num_parameters(), c.num_parameters(), "{fam:?}");
+        }
+    }
+
+    #[test]
+    fn prompts_per_micro_batch_of_contiguous_groups() {
+        // Groups of 4 in micro-batches of 6: [0, 6) spans prompts 0-1, [6, 12) prompts 1-2.
+        assert_eq!(prompts_per_micro_batch(6, 4, 12), 2);
+        assert_eq!(prompts_per_micro_batch(4, 4, 12), 1);
+        assert_eq!(prompts_per_micro_batch(12, 4, 12), 3);
+    }
+
+    #[test]
+    fn dpo_declares_its_pairs_reference_and_keys() {
+        let dpo = |extra: &str| {
+            let t = format!("dataset = \"d\"\nper_device_train_batch_size = 2\n{extra}");
+            PlanConfig::Dpo(DpoConfig::from_table(t.parse().unwrap(), "t.toml").unwrap())
+        };
+        let l = Lengths::Dpo(DpoLengths {
+            prompt_tokens: 10,
+            completion_tokens: 5,
+            prompts_per_pair: 1,
+            eval: false,
+            source: LengthSource::Dataset,
+        });
+        let models = Models { policy: tiny_model(), critic: None, rewards: Vec::new() };
+        // Full fine-tuning: a frozen copy, which precomputing the log-probs spares (keeping
+        // the training); never beta = 0.
+        let full = dpo("use_peft = false");
+        let run = full.run(&l, &models).unwrap();
+        assert!(run.reference.as_ref().unwrap().copy);
+        // 2 prompt rows of 10; 4 completions of 4 inputs over 14 keys; the head over 4 x 5.
+        let shapes: Vec<_> = run.update.passes.iter().map(|p| (p.rows, p.tokens, p.keys)).collect();
+        assert_eq!((shapes, run.update.head_rows), (vec![(2, 10, 10), (4, 4, 14)], 20));
+        let levers = full.levers(&l);
+        assert_eq!(levers[5][0].sets, ["precompute_ref_log_probs=true"]);
+        assert!(!levers[5][0].changes_training);
+        assert!(levers.iter().flatten().all(|c| c.sets.iter().all(|s| !s.starts_with("beta"))));
+        let pre = dpo("use_peft = false\nprecompute_ref_log_probs = true").run(&l, &models).unwrap();
+        assert!(!pre.reference.unwrap().copy);
+        // LoRA: the base with adapters off.
+        assert!(!dpo("use_peft = true").run(&l, &models).unwrap().reference.unwrap().copy);
+    }
+
+    #[test]
+    fn online_dpo_levers_count_prompts_and_name_its_keys() {
+        let t = "per_device_train_batch_size = 4\ndataset = \"d.jsonl\"\n[[rewards]]\ntype = \"boxed_accuracy\"\n";
+        let o = OnlineDpoConfig::from_table(t.parse().unwrap(), "t.toml").unwrap();
+        let cfg = PlanConfig::Online { cfg: o.online(), odpo: true };
+        let l = Lengths::Sft(crate::plan_inputs::SftLengths { example_tokens: 2, eval: false, source: LengthSource::Config });
+        let levers = cfg.levers(&l);
+        // 4 prompts (8 completions) -> 2 prompts x 2 accumulation.
+        assert_eq!(levers[0][0].sets, ["per_device_train_batch_size=2", "gradient_accumulation_steps=2"]);
+        let all: Vec<&String> = levers.iter().flatten().flat_map(|c| &c.sets).collect();
+        assert!(all.iter().any(|k| k.starts_with("max_new_tokens")));
+        assert!(all.iter().all(|k| !k.starts_with("beta") && !k.starts_with("share_prompts") && !k.starts_with("max_completion_length")));
+    }
+}
