@@ -110,7 +110,9 @@ pub fn run(a: PlanArgs) -> Result<()> {
             PlanConfig::Online { .. } => "max_prompt_length",
             _ => "max_length",
         };
-        notes.push(format!("the dataset could not be read ({e}); planned for {limit}"));
+        notes.push(format!(
+            "the dataset could not be read ({e}); planned for {limit}"
+        ));
         cfg.lengths(&meta.text, false)
     })?;
     let policy = model(&meta, false, false);
@@ -131,7 +133,11 @@ pub fn run(a: PlanArgs) -> Result<()> {
             Vec::new()
         });
     }
-    let models = Models { policy, critic, rewards };
+    let models = Models {
+        policy,
+        critic,
+        rewards,
+    };
     let run = cfg.run(&lengths, &models)?;
     let dims = run.policy.dims;
     // The baseline: what this process holds now (binary, tokenizer, dataset) plus the
@@ -381,7 +387,12 @@ impl Text<'_> {
         if alive.len() >= 3 && alive == run_phases {
             "all".into()
         } else if alive.len() >= 3 && alive == but(&[Phase::Load]) {
-            if critic { "from critic_load" } else { "all but load" }.into()
+            if critic {
+                "from critic_load"
+            } else {
+                "all but load"
+            }
+            .into()
         } else if alive.len() >= 3 && critic && alive == but(&[Phase::Load, Phase::CriticLoad]) {
             "all but load".into()
         } else {
@@ -393,10 +404,18 @@ impl Text<'_> {
     /// The components' table, activations itemised.
     fn components(&self) {
         let plan = self.plan;
-        println!("{:<44} {:>8}  {:<22} detail", "component", "MiB", "alive in");
+        println!(
+            "{:<44} {:>8}  {:<22} detail",
+            "component", "MiB", "alive in"
+        );
         for c in &plan.components {
             let alive = self.alive(c);
-            println!("{:<44} {:>8.1}  {alive:<22} {}", c.name, mib(c.bytes), c.detail);
+            println!(
+                "{:<44} {:>8.1}  {alive:<22} {}",
+                c.name,
+                mib(c.bytes),
+                c.detail
+            );
             let acts = match c.key {
                 "activations" => Some(&plan.activations),
                 "critic_activations" => plan.critic_activations.as_ref(),
@@ -432,7 +451,11 @@ impl Text<'_> {
                 .phases
                 .iter()
                 .map(|p| {
-                    let mark = if peak && p.phase == plan.peak_phase { " (peak)" } else { "" };
+                    let mark = if peak && p.phase == plan.peak_phase {
+                        " (peak)"
+                    } else {
+                        ""
+                    };
                     format!("{} {:.0}{mark}", p.phase.name(), mib(f(p)))
                 })
                 .collect();

@@ -31,7 +31,10 @@ impl Sized {
 
     /// Buffers of the given sizes.
     pub fn of(sizes: impl IntoIterator<Item = u64>) -> Self {
-        sizes.into_iter().map(Sized::one).fold(Sized::default(), |a, s| a + s)
+        sizes
+            .into_iter()
+            .map(Sized::one)
+            .fold(Sized::default(), |a, s| a + s)
     }
 
     /// Small buffers (heap) of `bytes` in all.
@@ -83,7 +86,11 @@ impl ModelDims {
     fn layer_biases(&self) -> [usize; 3] {
         let (h, i) = (self.hidden, self.intermediate);
         [
-            if self.qkv_bias { self.q_dim() + 2 * self.kv_dim() } else { 0 },
+            if self.qkv_bias {
+                self.q_dim() + 2 * self.kv_dim()
+            } else {
+                0
+            },
             if self.o_bias { h } else { 0 },
             if self.mlp_bias { 2 * i + h } else { 0 },
         ]
@@ -103,7 +110,12 @@ impl ModelDims {
             if self.qk_norm {
                 out.extend([hd, hd]);
             }
-            out.extend(self.layer_biases().iter().filter(|&&b| b > 0).map(|&b| b as u64));
+            out.extend(
+                self.layer_biases()
+                    .iter()
+                    .filter(|&&b| b > 0)
+                    .map(|&b| b as u64),
+            );
         }
         out.push(h);
         out
@@ -124,8 +136,14 @@ impl ModelDims {
         let Tuning::Lora(l) = tuning else {
             return Vec::new();
         };
-        let one: Vec<_> = self.linears().into_iter().filter(|(m, _, _)| l.modules.contains(m)).collect();
-        (0..self.layers).flat_map(|_| one.iter().map(|&(_, o, i)| (o, i))).collect()
+        let one: Vec<_> = self
+            .linears()
+            .into_iter()
+            .filter(|(m, _, _)| l.modules.contains(m))
+            .collect();
+        (0..self.layers)
+            .flat_map(|_| one.iter().map(|&(_, o, i)| (o, i)))
+            .collect()
     }
 
     /// Elements of every trainable tensor: every weight, or the adapters' `A [r, in]` and
@@ -166,7 +184,12 @@ pub fn generation(dims: &ModelDims, g: &crate::Generation, kv_bytes: u64) -> Siz
     let prefill = no_grad_layer(dims, t, 4, 2);
     let prompt_row = kv_cache_bytes(dims, 1, g.prompt_tokens, kv_bytes) / 2 / l.max(1);
     let caches = Sized::times(prompt_row, g.prompts as u64 * 2 * l);
-    kv + logits + if prefill.bytes >= caches.bytes { prefill } else { caches }
+    kv + logits
+        + if prefill.bytes >= caches.bytes {
+            prefill
+        } else {
+            caches
+        }
 }
 
 /// Which training kernels the forward runs.
@@ -234,13 +257,27 @@ pub fn layer_bytes_per_token(dims: &ModelDims, kernels: Kernels, tuning: &Tuning
     // One layer's adapted linears: their inputs, outputs and count.
     let adapted = dims.adapted(tuning);
     let one = &adapted[..adapted.len() / dims.layers.max(1)];
-    let (ins, outs): (usize, usize) = (one.iter().map(|x| x.1).sum(), one.iter().map(|x| x.0).sum());
+    let (ins, outs): (usize, usize) =
+        (one.iter().map(|x| x.1).sum(), one.iter().map(|x| x.0).sum());
     let n_adapted = one.len();
     let dropout = lora.is_some_and(|l| l.dropout);
-    let biases: usize = if lora.is_none() { dims.layer_biases().iter().sum() } else { 0 };
+    let biases: usize = if lora.is_none() {
+        dims.layer_biases().iter().sum()
+    } else {
+        0
+    };
     let qk = usize::from(dims.qk_norm) * (q + kv);
     let bytes = match kernels {
-        Kernels::Fused => 4 * (6 * h + 3 * q + 3 * kv + 3 * i + 2 * qk + usize::from(dropout) * ins + lora.map_or(0, |l| l.r) * n_adapted + biases),
+        Kernels::Fused => {
+            4 * (6 * h
+                + 3 * q
+                + 3 * kv
+                + 3 * i
+                + 2 * qk
+                + usize::from(dropout) * ins
+                + lora.map_or(0, |l| l.r) * n_adapted
+                + biases)
+        }
         Kernels::Composite => {
             let r = lora.map_or(0, |l| l.r);
             let adapters = (4 + 8 * usize::from(dropout)) * ins + 4 * r * n_adapted + 18 * outs;
@@ -296,11 +333,27 @@ pub const BACKWARD_H: u64 = 4;
 /// The activations of one micro-batch's forward + backward through a model of `dims` (its
 /// head `head`), with `checkpointing` keeping only each layer's input and one layer's
 /// internals at a time.
-pub fn activations(dims: &ModelDims, tuning: &Tuning, kernels: Kernels, head: HeadKernel, mb: &MicroBatch, checkpointing: bool) -> Activations {
+pub fn activations(
+    dims: &ModelDims,
+    tuning: &Tuning,
+    kernels: Kernels,
+    head: HeadKernel,
+    mb: &MicroBatch,
+    checkpointing: bool,
+) -> Activations {
     let act: u64 = if kernels == Kernels::Fused { 4 } else { 2 };
-    let (h, v, i, nl) = (dims.hidden as u64, dims.vocab as u64, dims.intermediate as u64, dims.layers as u64);
+    let (h, v, i, nl) = (
+        dims.hidden as u64,
+        dims.vocab as u64,
+        dims.intermediate as u64,
+        dims.layers as u64,
+    );
     let per_token = layer_bytes_per_token(dims, kernels, tuning);
-    let per_score = if kernels == Kernels::Composite { SCORE_BYTES } else { 0 };
+    let per_score = if kernels == Kernels::Composite {
+        SCORE_BYTES
+    } else {
+        0
+    };
     let tokens = mb.tokens() as u64;
     // One layer's buffers, for the mmap threshold: the MLP's `[tokens, i]` tensors (3 fused,
     // 4 composite), the rest as `[tokens, h]` tensors and a small remainder; scores as 5 f32
@@ -317,32 +370,58 @@ pub fn activations(dims: &ModelDims, tuning: &Tuning, kernels: Kernels, head: He
             one = one + Sized::times(s * 4, 5) + Sized::times(s * 2, 3);
         }
     }
-    let scale = |s: Sized, n: u64| Sized { bytes: s.bytes * n, fresh_bytes: s.fresh_bytes * n };
+    let scale = |s: Sized, n: u64| Sized {
+        bytes: s.bytes * n,
+        fresh_bytes: s.fresh_bytes * n,
+    };
     let (layers, copies) = if checkpointing {
         (one + Sized::times(tokens * h * act, nl + 2), 1)
     } else {
         (scale(one, nl), nl)
     };
-    let per_pass = |bytes: u64| Sized::of(mb.passes.iter().map(|p| p.total_tokens() as u64 * bytes));
+    let per_pass =
+        |bytes: u64| Sized::of(mb.passes.iter().map(|p| p.total_tokens() as u64 * bytes));
     let mut extra = Vec::new();
-    let mut push = |name: &str, size: Sized| extra.push(Part { name: name.into(), size });
+    let mut push = |name: &str, size: Sized| {
+        extra.push(Part {
+            name: name.into(),
+            size,
+        })
+    };
     push("token embeddings", per_pass(h * act));
-    push("final norm", per_pass(h * if kernels == Kernels::Fused { 4 } else { 16 }));
+    push(
+        "final norm",
+        per_pass(h * if kernels == Kernels::Fused { 4 } else { 16 }),
+    );
     if let Some((n, p)) = mb.shared_prompt {
         // Per layer: the prompt pass's v made contiguous, k and v gathered per completion,
         // and their cat with the completion's own.
         let t = mb.passes.last().map_or(0, |x| x.tokens) as u64;
         let prompts = mb.passes.first().map_or(0, |x| x.rows) as u64;
         let (n, p, kvd) = (n as u64, p as u64, dims.kv_dim() as u64 * act);
-        let layer = Sized::one(prompts * p * kvd) + Sized::times(n * p * kvd, 2) + Sized::times(n * (p + t) * kvd, 2);
-        push("shared-prompt keys/values (gather + cat)", scale(layer, copies));
+        let layer = Sized::one(prompts * p * kvd)
+            + Sized::times(n * p * kvd, 2)
+            + Sized::times(n * (p + t) * kvd, 2);
+        push(
+            "shared-prompt keys/values (gather + cat)",
+            scale(layer, copies),
+        );
     }
     let r = mb.head_rows as u64;
-    let rows_name = if head == HeadKernel::Score { "score head input rows" } else { "LM head input rows" };
-    push(rows_name, Sized::times(r * h * act, 1 + u64::from(mb.temperature_scaled)));
+    let rows_name = if head == HeadKernel::Score {
+        "score head input rows"
+    } else {
+        "LM head input rows"
+    };
+    push(
+        rows_name,
+        Sized::times(r * h * act, 1 + u64::from(mb.temperature_scaled)),
+    );
     let full = matches!(tuning, Tuning::Full);
     let keep = full && r * v <= FUSED_HEAD_KEEP;
-    let fwd_rows = (FUSED_HEAD_FWD_BLOCK / v.max(1)).max(FUSED_HEAD_MIN_ROWS).min(r.max(1));
+    let fwd_rows = (FUSED_HEAD_FWD_BLOCK / v.max(1))
+        .max(FUSED_HEAD_MIN_ROWS)
+        .min(r.max(1));
     let (name, saved, bwd) = match head {
         HeadKernel::Chunked => {
             // Per block: logits (and their f32 cast for bf16), shifted logits, `exp`.
@@ -360,8 +439,16 @@ pub fn activations(dims: &ModelDims, tuning: &Tuning, kernels: Kernels, head: He
             if r % HEAD_CHUNK > 0 {
                 s = s + block(r % HEAD_CHUNK);
             }
-            let name = format!("LM head logits ({} x [<= {HEAD_CHUNK}, {}] blocks x 3)", r.div_ceil(HEAD_CHUNK), v);
-            (name, s, Sized::times(r.min(HEAD_CHUNK) * v * 4, HEAD_BACKWARD_CHUNKS))
+            let name = format!(
+                "LM head logits ({} x [<= {HEAD_CHUNK}, {}] blocks x 3)",
+                r.div_ceil(HEAD_CHUNK),
+                v
+            );
+            (
+                name,
+                s,
+                Sized::times(r.min(HEAD_CHUNK) * v * 4, HEAD_BACKWARD_CHUNKS),
+            )
         }
         HeadKernel::Fused => {
             // Frozen head: d out / d hidden [rows, h]; trainable: lse per row, and the
@@ -374,23 +461,42 @@ pub fn activations(dims: &ModelDims, tuning: &Tuning, kernels: Kernels, head: He
             };
             let block = if keep { 0 } else { fwd_rows * v * 4 };
             let fwd = Sized::one(block) + Sized::one(fwd_rows * h * 4);
-            let tile = if full { Sized::one(FUSED_HEAD_BWD_TILE.min(r * v) * 4) } else { Sized::default() };
+            let tile = if full {
+                Sized::one(FUSED_HEAD_BWD_TILE.min(r * v) * 4)
+            } else {
+                Sized::default()
+            };
             let bwd = tile + Sized::one(r * h * 4);
             let name = match (full, keep) {
-                (true, true) => "LM head (fused): log-sum-exp per row and the [rows, vocab] probabilities",
+                (true, true) => {
+                    "LM head (fused): log-sum-exp per row and the [rows, vocab] probabilities"
+                }
                 (true, false) => "LM head (fused): log-sum-exp per row",
                 (false, _) => "LM head (fused): input gradient [rows, h]",
             };
-            (name.into(), Sized::one(saved), if fwd.bytes >= bwd.bytes { fwd } else { bwd })
+            (
+                name.into(),
+                Sized::one(saved),
+                if fwd.bytes >= bwd.bytes { fwd } else { bwd },
+            )
         }
         // Scores in the run's dtype, their f32 cast and the masked values; the backward's
         // [rows, hidden] input gradient.
-        HeadKernel::Score => ("score head: values per row".into(), Sized::one(r * (act + 8)), Sized::one(r * h * act)),
+        HeadKernel::Score => (
+            "score head: values per row".into(),
+            Sized::one(r * (act + 8)),
+            Sized::one(r * h * act),
+        ),
     };
     push(&name, saved);
-    let bwd_name = if head == HeadKernel::Score { "score head backward buffers" } else { "LM head forward/backward buffers" };
+    let bwd_name = if head == HeadKernel::Score {
+        "score head backward buffers"
+    } else {
+        "LM head forward/backward buffers"
+    };
     push(bwd_name, bwd);
-    let in_flight = Sized::times(tokens * i * 4, BACKWARD_I) + Sized::times(tokens * h * 4, BACKWARD_H);
+    let in_flight =
+        Sized::times(tokens * i * 4, BACKWARD_I) + Sized::times(tokens * h * 4, BACKWARD_H);
     push("layer backward gradients in flight", in_flight);
     let mut working_set = bwd + in_flight;
     if full {
@@ -418,14 +524,27 @@ pub fn activations(dims: &ModelDims, tuning: &Tuning, kernels: Kernels, head: He
 /// One layer's temporaries of a forward without graph over `t` tokens: x, the norm's output,
 /// q, k, v, the attention output, o, and `mlp` MLP-wide tensors, at `act` bytes.
 fn no_grad_layer(dims: &ModelDims, t: u64, act: u64, mlp: u64) -> Sized {
-    let (h, i, q, kv) = (dims.hidden as u64, dims.intermediate as u64, dims.q_dim() as u64, dims.kv_dim() as u64);
-    Sized::times(t * h * act, 4) + Sized::times(t * q * act, 2) + Sized::times(t * kv * act, 2) + Sized::times(t * i * act, mlp)
+    let (h, i, q, kv) = (
+        dims.hidden as u64,
+        dims.intermediate as u64,
+        dims.q_dim() as u64,
+        dims.kv_dim() as u64,
+    );
+    Sized::times(t * h * act, 4)
+        + Sized::times(t * q * act, 2)
+        + Sized::times(t * kv * act, 2)
+        + Sized::times(t * i * act, mlp)
 }
 
 /// Bytes a no-grad log-prob pass (or a score model's value pass) holds at its peak: one
 /// layer's temporaries (composite: and its scores, masked scores and probabilities in f32),
 /// the rows the head reads, and the head's logits block (or values).
-pub fn no_grad_pass(dims: &ModelDims, kernels: Kernels, head: HeadKernel, mb: &MicroBatch) -> Sized {
+pub fn no_grad_pass(
+    dims: &ModelDims,
+    kernels: Kernels,
+    head: HeadKernel,
+    mb: &MicroBatch,
+) -> Sized {
     let act = if kernels == Kernels::Fused { 4 } else { 2 };
     let mut out = Sized::default();
     for p in &mb.passes {
@@ -438,7 +557,13 @@ pub fn no_grad_pass(dims: &ModelDims, kernels: Kernels, head: HeadKernel, mb: &M
     let head = match head {
         HeadKernel::Score => Sized::one(r * 8),
         HeadKernel::Chunked => Sized::times(r.min(HEAD_CHUNK) * v * 4, 3),
-        HeadKernel::Fused => Sized::one((FUSED_HEAD_FWD_BLOCK / v.max(1)).max(FUSED_HEAD_MIN_ROWS).min(r.max(1)) * v * 4),
+        HeadKernel::Fused => Sized::one(
+            (FUSED_HEAD_FWD_BLOCK / v.max(1))
+                .max(FUSED_HEAD_MIN_ROWS)
+                .min(r.max(1))
+                * v
+                * 4,
+        ),
     };
     out + head + Sized::one(r * dims.hidden as u64 * act)
 }

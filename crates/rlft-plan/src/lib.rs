@@ -26,8 +26,6 @@
 mod estimate;
 pub mod formulas;
 mod suggest;
-#[cfg(test)]
-mod tests;
 
 use serde::Serialize;
 
@@ -176,7 +174,12 @@ impl MicroBatch {
     /// A prompt pass of `prompt_rows` rows of `prompt` tokens, then `completions` rows of
     /// `completion - 1` inputs attending to their prompt (`rollout::score_batch`'s shared
     /// prompts; DPO's pairs); the head over every completion token.
-    pub fn shared(prompt_rows: usize, prompt: usize, completions: usize, completion: usize) -> Self {
+    pub fn shared(
+        prompt_rows: usize,
+        prompt: usize,
+        completions: usize,
+        completion: usize,
+    ) -> Self {
         let ts = completion.saturating_sub(1).max(1);
         MicroBatch {
             passes: vec![
@@ -285,6 +288,27 @@ pub struct Run {
 }
 
 impl Run {
+    /// A run of `policy` with `tuning` and micro-batches of `micro_batch` (`update`); f32, one
+    /// micro-batch per step, nothing generated, scored or referenced: the trainer sets the rest.
+    pub fn new(policy: Model, tuning: Tuning, micro_batch: usize, update: MicroBatch) -> Self {
+        Run {
+            bf16: false,
+            tuning,
+            micro_batch,
+            unit: "examples",
+            accumulation: 1,
+            gradient_checkpointing: false,
+            policy,
+            update,
+            scored: None,
+            reference: None,
+            generation: None,
+            eval_generation: None,
+            critic: None,
+            reward_models: Vec::new(),
+        }
+    }
+
     /// Bytes per weight: 4 (f32) or 2 (bf16).
     pub fn weight_bytes(&self) -> u64 {
         if self.bf16 {

@@ -221,7 +221,8 @@ pub fn sft_lengths(
     let template = text.compile_chat_template().ok();
     for (path, split) in sources {
         let ds = load_dataset(&path, split.as_deref())?;
-        let format = SftFormat::detect(&ds.columns).map_err(|e| PlanInputError::Data(e.to_string()))?;
+        let format =
+            SftFormat::detect(&ds.columns).map_err(|e| PlanInputError::Data(e.to_string()))?;
         let mut report = LengthReport::default();
         for (i, row) in ds.iter().enumerate() {
             let ex = build_example(
@@ -424,7 +425,10 @@ pub struct ModelReward {
 /// them: a `*ForSequenceClassification` directory's own config (no LM head), or a SEQ_CLS
 /// adapter's base (`base`, the policy's `model` string meaning `policy`, else the adapter's
 /// `base_model_name_or_path`) with its LM head.
-pub fn model_rewards(cfg: &OnlineConfig, policy: &Path) -> Result<Vec<ModelReward>, PlanInputError> {
+pub fn model_rewards(
+    cfg: &OnlineConfig,
+    policy: &Path,
+) -> Result<Vec<ModelReward>, PlanInputError> {
     let mut out = Vec::new();
     for spec in &cfg.rewards {
         let rlft_rewards::RewardKind::Model(m) = &spec.kind else {
@@ -465,7 +469,10 @@ pub fn model_rewards(cfg: &OnlineConfig, policy: &Path) -> Result<Vec<ModelRewar
 /// (`policy`) when `value_model` names the policy's `model`, as `grpo::setup::prepare` loads it
 /// then; else `value_model`'s own config (a causal LM, or a `*ForSequenceClassification`
 /// directory without an LM head).
-pub fn critic_model(cfg: &OnlineConfig, policy: &ModelMetadata) -> Result<Option<Model>, PlanInputError> {
+pub fn critic_model(
+    cfg: &OnlineConfig,
+    policy: &ModelMetadata,
+) -> Result<Option<Model>, PlanInputError> {
     let Some(v) = &cfg.estimator.value_model else {
         return Ok(None);
     };

@@ -5,7 +5,9 @@
 
 use std::path::Path;
 
-use rlft_plan::{Change, Critic, Generation, LoraShape, MicroBatch, Model, Reference, RewardScorer, Run, Tuning};
+use rlft_plan::{
+    Change, Critic, Generation, LoraShape, MicroBatch, Model, Reference, RewardScorer, Run, Tuning,
+};
 use rlft_text::TextBundle;
 
 use crate::config::dpo::DpoConfig;
@@ -78,10 +80,14 @@ impl PlanConfig {
     /// The lengths the run will see: the dataset's (`read_data`), else the config's limits.
     pub fn lengths(&self, text: &TextBundle, read_data: bool) -> Result<Lengths, PlanInputError> {
         Ok(match self {
-            PlanConfig::Online { cfg, .. } => Lengths::Grpo(plan_inputs::grpo_lengths(cfg, text, read_data)?),
+            PlanConfig::Online { cfg, .. } => {
+                Lengths::Grpo(plan_inputs::grpo_lengths(cfg, text, read_data)?)
+            }
             PlanConfig::Sft(c) => Lengths::Sft(plan_inputs::sft_lengths(c, text, read_data)?),
             PlanConfig::Dpo(c) => Lengths::Dpo(plan_inputs::dpo_lengths(c, text, read_data)?),
-            PlanConfig::RewardModel(c) => Lengths::RewardModel(plan_inputs::reward_model_lengths(c, text, read_data)?),
+            PlanConfig::RewardModel(c) => {
+                Lengths::RewardModel(plan_inputs::reward_model_lengths(c, text, read_data)?)
+            }
         })
     }
 
@@ -101,25 +107,25 @@ impl PlanConfig {
         let b = a.per_device_train_batch_size;
         let mut run = Run {
             bf16: a.bf16,
-            tuning,
-            micro_batch: b,
             unit: "pairs",
             accumulation: a.gradient_accumulation_steps,
             gradient_checkpointing: a.gradient_checkpointing,
-            policy: models.policy.clone(),
-            update: MicroBatch::plain("rows", b, 1, b),
-            scored: None,
-            reference: None,
-            generation: None,
-            eval_generation: None,
-            critic: None,
-            reward_models: Vec::new(),
+            ..Run::new(
+                models.policy.clone(),
+                tuning,
+                b,
+                MicroBatch::plain("rows", b, 1, b),
+            )
         };
         match (self, lengths) {
             (PlanConfig::Online { cfg, .. }, Lengths::Grpo(l)) => online(&mut run, cfg, l, models),
             (PlanConfig::Sft(c), Lengths::Sft(l)) => {
                 // A micro-batch feeds every token but the last of its longest example.
-                let t = l.example_tokens.min(c.max_length.max(2)).saturating_sub(1).max(1);
+                let t = l
+                    .example_tokens
+                    .min(c.max_length.max(2))
+                    .saturating_sub(1)
+                    .max(1);
                 run.update = MicroBatch::plain("example rows", b, t, b * t);
                 run.scored = l.eval.then(|| "eval loss".into());
                 run.unit = "examples";
@@ -127,13 +133,21 @@ impl PlanConfig {
             (PlanConfig::Dpo(c), Lengths::Dpo(l)) => {
                 // `dpo::pair_logps`: each pair's prompt once (twice when `keep_end` left the
                 // sides different prompts), chosen and rejected attending to it.
-                run.update = MicroBatch::shared(b * l.prompts_per_pair.max(1), l.prompt_tokens, 2 * b, l.completion_tokens);
+                run.update = MicroBatch::shared(
+                    b * l.prompts_per_pair.max(1),
+                    l.prompt_tokens,
+                    2 * b,
+                    l.completion_tokens,
+                );
                 let (copy, detail) = match (c.precompute_ref_log_probs, full) {
                     (true, _) => (false, "precompute_ref_log_probs: log-probs computed before training, no model kept (a full fine-tuning copy is freed before the optimizer exists)"),
                     (false, true) => (true, "full fine-tuning: a frozen copy of the starting weights, kept"),
                     (false, false) => (false, "LoRA: the base with adapters off, no copy"),
                 };
-                run.reference = Some(Reference { copy, detail: detail.into() });
+                run.reference = Some(Reference {
+                    copy,
+                    detail: detail.into(),
+                });
                 run.scored = Some(match (c.precompute_ref_log_probs, l.eval) {
                     (true, false) => "reference log-probs (precomputed)".into(),
                     (true, true) => "reference log-probs (precomputed), eval".into(),
@@ -143,12 +157,17 @@ impl PlanConfig {
             (PlanConfig::RewardModel(_), Lengths::RewardModel(l)) => {
                 // Chosen and rejected as plain rows; the score head reads one row each, and
                 // the trainer drops an untied LM head at load.
-                run.update = MicroBatch::plain("chosen + rejected rows", 2 * b, l.sequence_tokens, 2 * b);
+                run.update =
+                    MicroBatch::plain("chosen + rejected rows", 2 * b, l.sequence_tokens, 2 * b);
                 run.policy.score_head = true;
                 run.policy.headless = true;
                 run.scored = l.eval.then(|| "eval scores".into());
             }
-            _ => return Err(PlanInputError::Invalid("the lengths are of another trainer".into())),
+            _ => {
+                return Err(PlanInputError::Invalid(
+                    "the lengths are of another trainer".into(),
+                ))
+            }
         }
         Ok(run)
     }
@@ -160,8 +179,16 @@ impl PlanConfig {
     pub fn levers(&self, lengths: &Lengths) -> Vec<Vec<Change>> {
         let a = self.args();
         let odpo = matches!(self, PlanConfig::Online { odpo: true, .. });
-        let keep = |change: String, sets: Vec<String>| Change { change, sets, changes_training: false };
-        let alter = |change: String, sets: Vec<String>| Change { change, sets, changes_training: true };
+        let keep = |change: String, sets: Vec<String>| Change {
+            change,
+            sets,
+            changes_training: false,
+        };
+        let alter = |change: String, sets: Vec<String>| Change {
+            change,
+            sets,
+            changes_training: true,
+        };
         // Online DPO's key counts prompts, each of two completions (its online view's rows).
         let b = a.per_device_train_batch_size / if odpo { 2 } else { 1 };
         let acc = a.gradient_accumulation_steps;
@@ -180,28 +207,47 @@ impl PlanConfig {
         match (self, lengths) {
             (PlanConfig::Online { cfg, .. }, _) => {
                 if !cfg.share_prompts && !odpo {
-                    share.push(keep("share_prompts = true (same log-probs and gradients)".into(), vec!["share_prompts=true".into()]));
+                    share.push(keep(
+                        "share_prompts = true (same log-probs and gradients)".into(),
+                        vec!["share_prompts=true".into()],
+                    ));
                 }
                 // Online DPO needs beta > 0.
                 if cfg.beta > 0.0 && !odpo && !a.use_peft {
-                    reference.push(alter("beta = 0 (no KL term, no reference copy)".into(), vec!["beta=0".into()]));
+                    reference.push(alter(
+                        "beta = 0 (no KL term, no reference copy)".into(),
+                        vec!["beta=0".into()],
+                    ));
                 }
-                let key = if odpo { "max_new_tokens" } else { "max_completion_length" };
+                let key = if odpo {
+                    "max_new_tokens"
+                } else {
+                    "max_completion_length"
+                };
                 let mut c = cfg.max_completion_length / 2;
                 while c >= 8 {
-                    shorter.push(alter(format!("{key} {} -> {c}", cfg.max_completion_length), vec![format!("{key}={c}")]));
+                    shorter.push(alter(
+                        format!("{key} {} -> {c}", cfg.max_completion_length),
+                        vec![format!("{key}={c}")],
+                    ));
                     c /= 2;
                 }
             }
             (PlanConfig::Dpo(c), _) if !c.precompute_ref_log_probs && !a.use_peft => {
                 let change = "precompute_ref_log_probs = true (the reference's log-probs before training, no frozen copy kept)";
-                reference.push(keep(change.into(), vec!["precompute_ref_log_probs=true".into()]));
+                reference.push(keep(
+                    change.into(),
+                    vec!["precompute_ref_log_probs=true".into()],
+                ));
             }
             (PlanConfig::Sft(c), Lengths::Sft(l)) => {
                 let now = l.example_tokens.min(c.max_length.max(2));
                 let mut t = now / 2;
                 while t >= 16 {
-                    shorter.push(alter(format!("max_length {now} -> {t} (longer examples truncated)"), vec![format!("max_length={t}")]));
+                    shorter.push(alter(
+                        format!("max_length {now} -> {t} (longer examples truncated)"),
+                        vec![format!("max_length={t}")],
+                    ));
                     t /= 2;
                 }
             }
@@ -211,19 +257,43 @@ impl PlanConfig {
         let checkpointing = if a.gradient_checkpointing {
             Vec::new()
         } else {
-            vec![keep("gradient_checkpointing = true (same gradients, ~1 more forward pass of compute)".into(), vec!["gradient_checkpointing=true".into()])]
+            vec![keep(
+                "gradient_checkpointing = true (same gradients, ~1 more forward pass of compute)"
+                    .into(),
+                vec!["gradient_checkpointing=true".into()],
+            )]
         };
         let precision = keep(
-            if a.bf16 { "bf16 = false (f32: the fused CPU kernels keep fewer activations)" } else { "bf16 = true (bf16 weights and activations, f32 master weights)" }.into(),
+            if a.bf16 {
+                "bf16 = false (f32: the fused CPU kernels keep fewer activations)"
+            } else {
+                "bf16 = true (bf16 weights and activations, f32 master weights)"
+            }
+            .into(),
             vec![format!("bf16={}", !a.bf16)],
         );
         let lora = if a.use_peft {
             Vec::new()
         } else {
-            let sets = ["use_peft=true", "lora.r=16", "lora.target_modules=[\"all-linear\"]"];
-            vec![alter("use LoRA: use_peft = true (r 16 on all linear layers)".into(), sets.map(String::from).to_vec())]
+            let sets = [
+                "use_peft=true",
+                "lora.r=16",
+                "lora.target_modules=[\"all-linear\"]",
+            ];
+            vec![alter(
+                "use LoRA: use_peft = true (r 16 on all linear layers)".into(),
+                sets.map(String::from).to_vec(),
+            )]
         };
-        vec![micro, share, checkpointing, vec![precision], lora, reference, shorter]
+        vec![
+            micro,
+            share,
+            checkpointing,
+            vec![precision],
+            lora,
+            reference,
+            shorter,
+        ]
     }
 }
 
@@ -237,10 +307,25 @@ fn online(run: &mut Run, cfg: &OnlineConfig, l: &plan_inputs::GrpoLengths, model
     let (b, g) = (run.micro_batch, cfg.num_generations.max(1));
     let (p, c) = (l.prompt_tokens, cfg.max_completion_length);
     run.unit = "completions";
-    run.generation = Some(Generation { prompts: plan.rollout_prompts, per_prompt: cfg.num_generations, prompt_tokens: p, new_tokens: c });
-    run.eval_generation = l.eval.map(|e| Generation { prompts: e.prompts.min(EVAL_BATCH), per_prompt: 1, prompt_tokens: e.prompt_tokens, new_tokens: c });
+    run.generation = Some(Generation {
+        prompts: plan.rollout_prompts,
+        per_prompt: cfg.num_generations,
+        prompt_tokens: p,
+        new_tokens: c,
+    });
+    run.eval_generation = l.eval.map(|e| Generation {
+        prompts: e.prompts.min(EVAL_BATCH),
+        per_prompt: 1,
+        prompt_tokens: e.prompt_tokens,
+        new_tokens: c,
+    });
     run.update = if cfg.share_prompts {
-        MicroBatch::shared(prompts_per_micro_batch(b, g, plan.rollout_completions), p, b, c)
+        MicroBatch::shared(
+            prompts_per_micro_batch(b, g, plan.rollout_completions),
+            p,
+            b,
+            c,
+        )
     } else {
         MicroBatch::plain("prompt + completion rows", b, p + c - 1, b * c)
     };
@@ -250,9 +335,20 @@ fn online(run: &mut Run, cfg: &OnlineConfig, l: &plan_inputs::GrpoLengths, model
         (true, false) => "LoRA: the base with adapters off, no copy",
         (false, _) => "beta = 0: none",
     };
-    run.reference = Some(Reference { copy: passes.reference && run.tuning == Tuning::Full, detail: detail.into() });
+    run.reference = Some(Reference {
+        copy: passes.reference && run.tuning == Tuning::Full,
+        detail: detail.into(),
+    });
     run.scored = (passes.reference || passes.old).then(|| "reference/old log-probs".into());
-    run.critic = models.critic.clone().map(|model| Critic { model, update: MicroBatch::plain("critic: prompt + completion rows", b, p + c.max(1) - 1, b * c) });
+    run.critic = models.critic.clone().map(|model| Critic {
+        model,
+        update: MicroBatch::plain(
+            "critic: prompt + completion rows",
+            b,
+            p + c.max(1) - 1,
+            b * c,
+        ),
+    });
     run.reward_models = models
         .rewards
         .iter()
@@ -260,7 +356,12 @@ fn online(run: &mut Run, cfg: &OnlineConfig, l: &plan_inputs::GrpoLengths, model
             name: r.name.clone(),
             model: r.model.clone(),
             rows: r.batch_size.max(1).min(plan.rollout_completions.max(1)),
-            tokens: if r.max_length > 0 { (p + c).min(r.max_length) } else { p + c }.max(1),
+            tokens: if r.max_length > 0 {
+                (p + c).min(r.max_length)
+            } else {
+                p + c
+            }
+            .max(1),
         })
         .collect();
 }
@@ -269,7 +370,11 @@ fn online(run: &mut Run, cfg: &OnlineConfig, l: &plan_inputs::GrpoLengths, model
 /// contiguous groups of `g` (micro-batches are consecutive runs).
 pub fn prompts_per_micro_batch(b: usize, g: usize, n: usize) -> usize {
     let b = b.max(1);
-    (0..n.max(b)).step_by(b).map(|s| (s + b - 1) / g - s / g + 1).max().unwrap_or(1)
+    (0..n.max(b))
+        .step_by(b)
+        .map(|s| (s + b - 1) / g - s / g + 1)
+        .max()
+        .unwrap_or(1)
 }
 
 #[cfg(test)]
@@ -292,9 +397,17 @@ mod tests {
 
     #[test]
     fn dims_count_every_familys_parameters() {
-        for fam in [rlft_model::Family::Llama, rlft_model::Family::Qwen2, rlft_model::Family::Qwen3] {
+        for fam in [
+            rlft_model::Family::Llama,
+            rlft_model::Family::Qwen2,
+            rlft_model::Family::Qwen3,
+        ] {
             let c = rlft_model::tiny::tiny_config(fam);
-            assert_eq!(model_dims(&c).num_parameters(), c.num_parameters(), "{fam:?}");
+            assert_eq!(
+                model_dims(&c).num_parameters(),
+                c.num_parameters(),
+                "{fam:?}"
+            );
         }
     }
 
@@ -319,36 +432,75 @@ mod tests {
             eval: false,
             source: LengthSource::Dataset,
         });
-        let models = Models { policy: tiny_model(), critic: None, rewards: Vec::new() };
+        let models = Models {
+            policy: tiny_model(),
+            critic: None,
+            rewards: Vec::new(),
+        };
         // Full fine-tuning: a frozen copy, which precomputing the log-probs spares (keeping
         // the training); never beta = 0.
         let full = dpo("use_peft = false");
         let run = full.run(&l, &models).unwrap();
         assert!(run.reference.as_ref().unwrap().copy);
         // 2 prompt rows of 10; 4 completions of 4 inputs over 14 keys; the head over 4 x 5.
-        let shapes: Vec<_> = run.update.passes.iter().map(|p| (p.rows, p.tokens, p.keys)).collect();
-        assert_eq!((shapes, run.update.head_rows), (vec![(2, 10, 10), (4, 4, 14)], 20));
+        let shapes: Vec<_> = run
+            .update
+            .passes
+            .iter()
+            .map(|p| (p.rows, p.tokens, p.keys))
+            .collect();
+        assert_eq!(
+            (shapes, run.update.head_rows),
+            (vec![(2, 10, 10), (4, 4, 14)], 20)
+        );
         let levers = full.levers(&l);
         assert_eq!(levers[5][0].sets, ["precompute_ref_log_probs=true"]);
         assert!(!levers[5][0].changes_training);
-        assert!(levers.iter().flatten().all(|c| c.sets.iter().all(|s| !s.starts_with("beta"))));
-        let pre = dpo("use_peft = false\nprecompute_ref_log_probs = true").run(&l, &models).unwrap();
+        assert!(levers
+            .iter()
+            .flatten()
+            .all(|c| c.sets.iter().all(|s| !s.starts_with("beta"))));
+        let pre = dpo("use_peft = false\nprecompute_ref_log_probs = true")
+            .run(&l, &models)
+            .unwrap();
         assert!(!pre.reference.unwrap().copy);
         // LoRA: the base with adapters off.
-        assert!(!dpo("use_peft = true").run(&l, &models).unwrap().reference.unwrap().copy);
+        assert!(
+            !dpo("use_peft = true")
+                .run(&l, &models)
+                .unwrap()
+                .reference
+                .unwrap()
+                .copy
+        );
     }
 
     #[test]
     fn online_dpo_levers_count_prompts_and_name_its_keys() {
         let t = "per_device_train_batch_size = 4\ndataset = \"d.jsonl\"\n[[rewards]]\ntype = \"boxed_accuracy\"\n";
         let o = OnlineDpoConfig::from_table(t.parse().unwrap(), "t.toml").unwrap();
-        let cfg = PlanConfig::Online { cfg: o.online(), odpo: true };
-        let l = Lengths::Sft(crate::plan_inputs::SftLengths { example_tokens: 2, eval: false, source: LengthSource::Config });
+        let cfg = PlanConfig::Online {
+            cfg: o.online(),
+            odpo: true,
+        };
+        let l = Lengths::Sft(crate::plan_inputs::SftLengths {
+            example_tokens: 2,
+            eval: false,
+            source: LengthSource::Config,
+        });
         let levers = cfg.levers(&l);
         // 4 prompts (8 completions) -> 2 prompts x 2 accumulation.
-        assert_eq!(levers[0][0].sets, ["per_device_train_batch_size=2", "gradient_accumulation_steps=2"]);
+        assert_eq!(
+            levers[0][0].sets,
+            [
+                "per_device_train_batch_size=2",
+                "gradient_accumulation_steps=2"
+            ]
+        );
         let all: Vec<&String> = levers.iter().flatten().flat_map(|c| &c.sets).collect();
         assert!(all.iter().any(|k| k.starts_with("max_new_tokens")));
-        assert!(all.iter().all(|k| !k.starts_with("beta") && !k.starts_with("share_prompts") && !k.starts_with("max_completion_length")));
+        assert!(all.iter().all(|k| !k.starts_with("beta")
+            && !k.starts_with("share_prompts")
+            && !k.starts_with("max_completion_length")));
     }
 }

@@ -104,7 +104,11 @@ fn kept(case: Case, layers: usize, t: usize) -> i64 {
         None => make_trainable(&mut model, |_| true).unwrap(),
     };
     let ids: Vec<Vec<u32>> = (0..ROWS)
-        .map(|r| (0..=t).map(|j| (3 + (r * 31 + j * 17) % 250) as u32).collect())
+        .map(|r| {
+            (0..=t)
+                .map(|j| (3 + (r * 31 + j * 17) % 250) as u32)
+                .collect()
+        })
         .collect();
     let nt = next_token_batch(&ids, &[1; ROWS], 2, &Device::Cpu).unwrap();
     // The head reads one row per sequence: the same in every case.
@@ -138,7 +142,10 @@ fn measure(case: Case) -> (f64, f64) {
         .iter()
         .map(|&t| (kept(case, 3, t) - kept(case, 1, t)) as f64 / 2.0)
         .collect();
-    let (t, heads) = (LENGTHS.map(|x| x as f64), config(case).num_attention_heads as f64);
+    let (t, heads) = (
+        LENGTHS.map(|x| x as f64),
+        config(case).num_attention_heads as f64,
+    );
     // g(t) = k + ROWS (a t + c heads t^2); the lengths are evenly spaced by d.
     let d = t[1] - t[0];
     let second = g[2] - 2.0 * g[1] + g[0];
@@ -184,7 +191,11 @@ fn activation_figures_match_the_kernels() {
                     }),
                     None => Tuning::Full,
                 };
-                let kernels = if bf16 { Kernels::Composite } else { Kernels::Fused };
+                let kernels = if bf16 {
+                    Kernels::Composite
+                } else {
+                    Kernels::Fused
+                };
                 let want = layer_bytes_per_token(&dims, kernels, &tuning) as f64;
                 let want_score = if bf16 { SCORE_BYTES as f64 } else { 0.0 };
                 let (a, c) = measure(case);
