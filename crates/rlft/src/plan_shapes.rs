@@ -24,8 +24,8 @@ use crate::trainers::Trainer;
 pub enum PlanConfig {
     /// GRPO, RLOO, PPO; Online DPO as its online view (`odpo`).
     Online {
-        /// The online config.
-        cfg: OnlineConfig,
+        /// The online config (boxed: it is much larger than the other configs).
+        cfg: Box<OnlineConfig>,
         /// Online DPO (its keys count prompts and name `max_new_tokens`).
         odpo: bool,
     },
@@ -52,13 +52,16 @@ pub struct Models {
 impl PlanConfig {
     /// Loads `path` with `sets` for `trainer` (its command's defaults).
     pub fn load(trainer: Trainer, path: &Path, sets: &[String]) -> Result<Self, ConfigError> {
-        let online = |cfg| PlanConfig::Online { cfg, odpo: false };
+        let online = |cfg| PlanConfig::Online {
+            cfg: Box::new(cfg),
+            odpo: false,
+        };
         Ok(match trainer {
             Trainer::Grpo => online(OnlineConfig::load(path, sets)?),
             Trainer::Rloo => online(RlooConfig::load(path, sets)?.0),
             Trainer::Ppo => online(PpoConfig::load(path, sets)?.0),
             Trainer::OnlineDpo => PlanConfig::Online {
-                cfg: OnlineDpoConfig::load(path, sets)?.online(),
+                cfg: Box::new(OnlineDpoConfig::load(path, sets)?.online()),
                 odpo: true,
             },
             Trainer::Sft => PlanConfig::Sft(SftConfig::load(path, sets)?),
@@ -194,7 +197,7 @@ impl PlanConfig {
         let acc = a.gradient_accumulation_steps;
         let micro = (1..b)
             .rev()
-            .filter(|d| b % d == 0)
+            .filter(|d| b.is_multiple_of(*d))
             .map(|d| {
                 let acc2 = acc * (b / d);
                 let change = format!("per_device_train_batch_size {b} -> {d} with gradient_accumulation_steps {acc} -> {acc2} (same batch of {})", b * acc);
@@ -480,7 +483,7 @@ mod tests {
         let t = "per_device_train_batch_size = 4\ndataset = \"d.jsonl\"\n[[rewards]]\ntype = \"boxed_accuracy\"\n";
         let o = OnlineDpoConfig::from_table(t.parse().unwrap(), "t.toml").unwrap();
         let cfg = PlanConfig::Online {
-            cfg: o.online(),
+            cfg: Box::new(o.online()),
             odpo: true,
         };
         let l = Lengths::Sft(crate::plan_inputs::SftLengths {
