@@ -236,7 +236,7 @@ pub const FUSED_HEAD_KEEP: u64 = 1 << 25;
 pub const SCORE_BYTES: u64 = 26;
 
 /// Bytes one decoder layer keeps for the backward per token of a pass (the layer's input
-/// counted with the previous layer), measured by `crates/rlft-model/tests/plan_activations.rs`:
+/// counted with the previous layer), measured by `crates/rlft/tests/plan_activations.rs`:
 ///
 /// - fused f32: `4 x (6 h + 3 q + 3 kv + 3 i)`: the input norm's output, q/k/v, q/k after
 ///   RoPE, the attention output, o_proj's output and the residual, the second norm, gate, up,

@@ -14,7 +14,7 @@
 //! - activations: one figure per token per layer for each kernel path
 //!   ([`formulas::layer_bytes_per_token`]), plus attention scores per (head, query, key) where
 //!   candle's composite path materialises them ([`formulas::SCORE_BYTES`]), the LM head and the
-//!   backward's working set. `crates/rlft-model/tests/plan_activations.rs` measures the
+//!   backward's working set. `crates/rlft/tests/plan_activations.rs` measures the
 //!   per-token figures on tiny models and fails when a kernel keeps more or less.
 //!
 //! Phases do not add up: the allocator keeps what a phase frees for the next
