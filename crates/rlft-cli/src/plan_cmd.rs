@@ -1,28 +1,19 @@
 //! `rlft plan [grpo|rloo|ppo|sft|dpo|reward-model|online-dpo] --config X.toml`: the predicted
 //! peak memory (RSS) of a run, before it starts, by component and phase (PPO's critic and
 //! reward models as components of their own); whether it fits in this machine's available
-//! memory, and if not, the config changes that make it fit (`rlft::plan`). Without a trainer
+//! memory, and if not, the config changes that make it fit (`rlft_plan`, from the trainer's
+//! declaration in `rlft::plan_shapes`). Without a trainer
 //! the config's keys tell it (`crate::plan_detect`).
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use rlft::config::dpo::DpoConfig;
-use rlft::config::online::OnlineConfig;
-use rlft::config::online::{PpoConfig, RlooConfig};
-use rlft::config::online_dpo::OnlineDpoConfig;
-use rlft::config::reward::RewardConfig;
-use rlft::config::sft::SftConfig;
-use rlft::config::{apply_overrides, read_table, TrainerConfig};
-use rlft::plan::inputs::{DpoLengths, GrpoLengths, LengthSource, RewardModelLengths, SftLengths};
-use rlft::plan::{
-    count, critic_shape, dpo_lengths, estimate, grpo_lengths, model_rewards, reward_model_lengths,
-    run_shape_dpo, run_shape_grpo, run_shape_online_dpo, run_shape_reward_model, run_shape_sft,
-    sft_lengths, suggest, CriticShape, DpoReference, Environment, ModelDims, Plan, RunShape,
-    Suggestion, Tuning, Workload,
-};
+use rlft::config::{apply_overrides, read_table};
+use rlft::plan_inputs::{critic_model, model, model_rewards, LengthSource, Lengths};
+use rlft::plan_shapes::{Models, PlanConfig};
 use rlft::trainers::Trainer;
+use rlft_plan::{count, estimate, suggest, Environment, ModelDims, Plan, Run, Suggestion, Tuning};
 use serde_json::json;
 
 use crate::models;
@@ -92,60 +83,12 @@ fn gib(b: u64) -> String {
     format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
 }
 
-/// Lengths of the config's run, from the dataset unless `worst_case` or it cannot be read.
-enum Lengths {
-    Grpo(GrpoLengths),
-    Sft(SftLengths),
-    Dpo(DpoLengths),
-    RewardModel(RewardModelLengths),
-}
-
 /// The model's path and metadata (config, tokenizer), without its weights.
-fn model(name: &str) -> Result<(PathBuf, rlft_model::load::ModelMetadata)> {
+fn model_meta(name: &str) -> Result<(PathBuf, rlft_model::load::ModelMetadata)> {
     let path = models::resolve(name)?;
     let meta = rlft_model::load::load_metadata(&path)
         .with_context(|| format!("read the model {}", path.display()))?;
     Ok((path, meta))
-}
-
-/// PPO's critic of `cfg` (none without `value_model`); when the value model cannot be read,
-/// a copy of the policy's model, with a note.
-fn critic(
-    cfg: &OnlineConfig,
-    meta: &rlft_model::load::ModelMetadata,
-    notes: &mut Vec<String>,
-) -> Option<CriticShape> {
-    match critic_shape(cfg, meta) {
-        Ok(c) => c,
-        Err(e) => {
-            notes.push(format!(
-                "the value model could not be read ({e}); planned the critic as a copy of the \
-                 policy's model"
-            ));
-            Some(CriticShape {
-                dims: ModelDims::from_config(&meta.config),
-                headless: false,
-                source_file_bytes: meta.largest_file_bytes,
-                decode_block_bytes: meta.decode_block_bytes,
-            })
-        }
-    }
-}
-
-/// The run's lengths from its dataset (unless `worst_case`), else from the config's `limit`
-/// with a note saying why.
-fn lengths<L>(
-    worst_case: bool,
-    limit: &str,
-    notes: &mut Vec<String>,
-    of: impl Fn(bool) -> Result<L, rlft::plan::PlanError>,
-) -> Result<L, rlft::plan::PlanError> {
-    of(!worst_case).or_else(|e| {
-        notes.push(format!(
-            "the dataset could not be read ({e}); planned for {limit}"
-        ));
-        of(false)
-    })
 }
 
 /// Runs `rlft plan`.
@@ -157,85 +100,76 @@ pub fn run(a: PlanArgs) -> Result<()> {
         None => crate::plan_detect::detect(&table)?,
     };
     let mut notes: Vec<String> = Vec::new();
-    let (run, lengths, model_path, meta) = match trainer {
-        Trainer::Grpo | Trainer::Rloo | Trainer::Ppo | Trainer::OnlineDpo => {
-            // The command's own defaults (RLOO's beta and group size, PPO's critic, Online
-            // DPO's pairs...).
-            let odpo = match trainer {
-                Trainer::OnlineDpo => Some(OnlineDpoConfig::load(&a.config, &a.set)?),
-                _ => None,
-            };
-            let cfg = match (trainer, &odpo) {
-                (_, Some(o)) => o.online(),
-                (Trainer::Rloo, _) => RlooConfig::load(&a.config, &a.set)?.0,
-                (Trainer::Ppo, _) => PpoConfig::load(&a.config, &a.set)?.0,
-                _ => OnlineConfig::load(&a.config, &a.set)?,
-            };
-            let (model_path, meta) = model(&cfg.args.model)?;
-            let l = lengths(a.worst_case, "max_prompt_length", &mut notes, |from_data| {
-                grpo_lengths(&cfg, &meta.text, from_data)
-            })?;
-            let rewards = match model_rewards(&cfg, &model_path, &l) {
-                Ok(r) => r,
-                Err(e) => {
-                    notes.push(format!(
-                        "a `type = \"model\"` reward's model could not be read ({e}); planned \
-                         without reward models"
-                    ));
-                    Vec::new()
-                }
-            };
-            let run = match &odpo {
-                Some(o) => run_shape_online_dpo(o, &l, rewards)?,
-                None => run_shape_grpo(&cfg, &l, critic(&cfg, &meta, &mut notes), rewards)?,
-            };
-            (run, Lengths::Grpo(l), model_path, meta)
-        }
-        Trainer::Sft => {
-            let cfg = SftConfig::load(&a.config, &a.set)?;
-            let (model_path, meta) = model(&cfg.args.model)?;
-            let l = lengths(a.worst_case, "max_length", &mut notes, |from_data| {
-                sft_lengths(&cfg, &meta.text, from_data)
-            })?;
-            (run_shape_sft(&cfg, &l)?, Lengths::Sft(l), model_path, meta)
-        }
-        Trainer::Dpo => {
-            let cfg = DpoConfig::load(&a.config, &a.set)?;
-            let (model_path, meta) = model(&cfg.args.model)?;
-            let l = lengths(a.worst_case, "max_length", &mut notes, |from_data| {
-                dpo_lengths(&cfg, &meta.text, from_data)
-            })?;
-            (run_shape_dpo(&cfg, &l)?, Lengths::Dpo(l), model_path, meta)
-        }
-        Trainer::RewardModel => {
-            let cfg = RewardConfig::load(&a.config, &a.set)?;
-            let (model_path, meta) = model(&cfg.args.model)?;
-            let l = lengths(a.worst_case, "max_length", &mut notes, |from_data| {
-                reward_model_lengths(&cfg, &meta.text, from_data)
-            })?;
-            let run = run_shape_reward_model(&cfg, &l)?;
-            (run, Lengths::RewardModel(l), model_path, meta)
-        }
+    // The command's own defaults (RLOO's beta and group size, PPO's critic, Online DPO's
+    // pairs...).
+    let cfg = PlanConfig::load(trainer, &a.config, &a.set)?;
+    let (model_path, meta) = model_meta(&cfg.args().model)?;
+    // The lengths from the dataset (unless --worst-case), else the config's limits.
+    let lengths = cfg.lengths(&meta.text, !a.worst_case).or_else(|e| {
+        let limit = match cfg {
+            PlanConfig::Online { .. } => "max_prompt_length",
+            _ => "max_length",
+        };
+        notes.push(format!(
+            "the dataset could not be read ({e}); planned for {limit}"
+        ));
+        cfg.lengths(&meta.text, false)
+    })?;
+    let policy = model(&meta, false, false);
+    let (mut critic, mut rewards) = (None, Vec::new());
+    if let PlanConfig::Online { cfg: o, .. } = &cfg {
+        critic = critic_model(o, &meta).unwrap_or_else(|e| {
+            notes.push(format!(
+                "the value model could not be read ({e}); planned the critic as a copy of the \
+                 policy's model"
+            ));
+            Some(model(&meta, true, false))
+        });
+        rewards = model_rewards(o, &model_path).unwrap_or_else(|e| {
+            notes.push(format!(
+                "a `type = \"model\"` reward's model could not be read ({e}); planned \
+                 without reward models"
+            ));
+            Vec::new()
+        });
+    }
+    let models = Models {
+        policy,
+        critic,
+        rewards,
     };
-    let dims = ModelDims::from_config(&meta.config);
+    let run = cfg.run(&lengths, &models)?;
+    let dims = run.policy.dims;
     // The baseline: what this process holds now (binary, tokenizer, dataset) plus the
     // trainer's runtime.
-    let own = own_rss().unwrap_or(64 << 20);
     let env = Environment {
-        baseline_bytes: own + RUNTIME_BYTES,
-        source_file_bytes: meta.largest_file_bytes,
-        decode_block_bytes: meta.decode_block_bytes,
-        frozen_blocks: meta.frozen_blocks,
+        baseline_bytes: own_rss().unwrap_or(64 << 20) + RUNTIME_BYTES,
     };
-    let plan = estimate(&dims, &run, &env)?;
+    let plan = estimate(&run, &env)?;
     let available = match a.available_mib {
         Some(m) => Some(m << 20),
         None => mem_available(),
     };
     let budget = available.map(|b| (b as f64 * BUDGET_SHARE) as u64);
     let fits = budget.map(|b| plan.total_bytes <= b);
+    // Each candidate is the config with its overrides, declared again by the trainer; one
+    // that does not load is never suggested.
+    let with = |sets: &[String]| -> Option<PlanConfig> {
+        let all: Vec<String> = a.set.iter().chain(sets).cloned().collect();
+        PlanConfig::load(trainer, &a.config, &all).ok()
+    };
     let suggestions = match budget {
-        Some(b) if plan.total_bytes > b => suggest(&dims, &run, &env, b)?,
+        Some(b) if plan.total_bytes > b => suggest(
+            plan.total_bytes,
+            b,
+            |sets| with(sets).map(|c| c.levers(&lengths)).unwrap_or_default(),
+            |sets| -> Result<u64> {
+                let Some(c) = with(sets) else {
+                    return Ok(u64::MAX);
+                };
+                Ok(estimate(&c.run(&lengths, &models)?, &env)?.total_bytes)
+            },
+        )?,
         _ => Vec::new(),
     };
     if a.json {
@@ -247,12 +181,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
                 "dims": dims,
                 "parameters": plan.parameters,
             },
-            "lengths": match &lengths {
-                Lengths::Grpo(l) => serde_json::to_value(l)?,
-                Lengths::Sft(l) => serde_json::to_value(l)?,
-                Lengths::Dpo(l) => serde_json::to_value(l)?,
-                Lengths::RewardModel(l) => serde_json::to_value(l)?,
-            },
+            "lengths": lengths,
             "run": run,
             "environment": env,
             "plan": plan,
@@ -267,23 +196,22 @@ pub fn run(a: PlanArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    print_text(
-        &a,
+    let text = Text {
+        a: &a,
         trainer,
-        &model_path,
-        &meta.config,
-        &dims,
-        &run,
-        &lengths,
-        &plan,
-        available,
-        &suggestions,
-        &notes,
-    );
+        model_path: &model_path,
+        config: &meta.config,
+        dims: &dims,
+        cfg: &cfg,
+        run: &run,
+        lengths: &lengths,
+        plan: &plan,
+    };
+    text.print(available, &suggestions, &notes);
     Ok(())
 }
 
-fn tuning_text(run: &RunShape) -> String {
+fn tuning_text(run: &Run) -> String {
     let dtype = if run.bf16 { "bf16" } else { "f32" };
     match &run.tuning {
         Tuning::Full => format!("full fine-tuning, {dtype}"),
@@ -296,151 +224,153 @@ fn tuning_text(run: &RunShape) -> String {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn print_text(
-    a: &PlanArgs,
+/// What the text output reads.
+struct Text<'a> {
+    a: &'a PlanArgs,
     trainer: Trainer,
-    model_path: &std::path::Path,
-    config: &rlft_model::ModelConfig,
-    dims: &ModelDims,
-    run: &RunShape,
-    lengths: &Lengths,
-    plan: &Plan,
-    available: Option<u64>,
-    suggestions: &[Suggestion],
-    notes: &[String],
-) {
-    let name = trainer.name().to_uppercase();
-    println!(
-        "rlft plan: {} ({name}, {}, CPU)",
-        a.config.display(),
-        tuning_text(run)
-    );
-    println!(
-        "model: {}: {}, {} layers, hidden {}, {}/{} heads x {}, intermediate {}, vocab {}, {} \
-         parameters",
-        model_path.display(),
-        config.family.model_type(),
-        dims.layers,
-        dims.hidden,
-        dims.heads,
-        dims.kv_heads,
-        dims.head_dim,
-        dims.intermediate,
-        dims.vocab,
-        count(plan.parameters)
-    );
-    let src = |s: LengthSource| match s {
-        LengthSource::Dataset => "the dataset's longest",
-        LengthSource::Config => "the config's limit",
-    };
-    match (lengths, &run.workload) {
-        (Lengths::Grpo(l), Workload::Grpo(g)) => {
-            println!(
-                "shapes: prompts {} tokens ({}), completions <= {}; rollout {} prompts x {} = \
-                 {} completions; micro-batch {} x {} accumulation{}",
-                l.prompt_tokens,
-                src(l.source),
-                g.completion_tokens,
-                g.rollout_prompts,
-                g.num_generations,
-                g.rollout_completions,
-                if g.online_dpo {
-                    format!(
-                        "{} completions ({} prompts x 2)",
-                        run.micro_batch,
-                        run.micro_batch / 2
-                    )
-                } else {
-                    run.micro_batch.to_string()
-                },
-                run.accumulation,
-                if g.share_prompts {
-                    format!(
-                        " (shared prompts: {} prompt pass{} per micro-batch)",
-                        run.prompts_per_micro_batch(),
-                        if run.prompts_per_micro_batch() == 1 {
-                            ""
-                        } else {
-                            "es"
-                        }
-                    )
-                } else {
-                    String::new()
-                }
-            );
-            for r in &g.reward_models {
-                println!(
-                    "reward `{}`: a reward model of {} layers, hidden {}, {} parameters; \
-                     {} sequences x {} tokens per scoring pass",
-                    r.name,
-                    r.model.dims.layers,
-                    r.model.dims.hidden,
-                    count(r.model.parameters()),
-                    r.batch_size,
-                    r.tokens
-                );
-            }
-            if let Some(k) = &g.critic {
-                println!(
-                    "critic: {} layers, hidden {}, {} parameters{}, trained as the policy is \
-                     ({}); a value pass per rollout and a forward + backward per micro-batch",
-                    k.dims.layers,
-                    k.dims.hidden,
-                    count(k.parameters()),
-                    if k.headless {
-                        " (a sequence-classification model)"
-                    } else {
-                        ""
-                    },
-                    tuning_text(run)
-                );
-            }
+    model_path: &'a std::path::Path,
+    config: &'a rlft_model::ModelConfig,
+    dims: &'a ModelDims,
+    cfg: &'a PlanConfig,
+    run: &'a Run,
+    lengths: &'a Lengths,
+    plan: &'a Plan,
+}
+
+impl Text<'_> {
+    /// The whole text: header, shapes, notes, components, phases and the verdict.
+    fn print(&self, available: Option<u64>, suggestions: &[Suggestion], notes: &[String]) {
+        let (run, dims) = (self.run, self.dims);
+        println!(
+            "rlft plan: {} ({}, {}, CPU)",
+            self.a.config.display(),
+            self.trainer.name().to_uppercase(),
+            tuning_text(run)
+        );
+        println!(
+            "model: {}: {}, {} layers, hidden {}, {}/{} heads x {}, intermediate {}, vocab {}, \
+             {} parameters",
+            self.model_path.display(),
+            self.config.family.model_type(),
+            dims.layers,
+            dims.hidden,
+            dims.heads,
+            dims.kv_heads,
+            dims.head_dim,
+            dims.intermediate,
+            dims.vocab,
+            count(self.plan.parameters)
+        );
+        self.shapes();
+        for n in notes {
+            println!("note: {n}");
         }
-        (Lengths::Sft(l), Workload::Sft(_)) => println!(
-            "shapes: examples {} tokens ({}); micro-batch {} x {} accumulation",
-            l.example_tokens,
-            src(l.source),
-            run.micro_batch,
-            run.accumulation
-        ),
-        (Lengths::Dpo(l), Workload::Dpo(d)) => println!(
-            "shapes: prompts {} tokens, completions {} tokens ({}); micro-batch {} pairs x {} \
-             accumulation: {} prompt row{} per pair, chosen + rejected ({} rows) attending to \
-             it; reference: {}",
-            l.prompt_tokens,
-            l.completion_tokens,
-            src(l.source),
-            run.micro_batch,
-            run.accumulation,
-            d.prompts_per_pair,
-            if d.prompts_per_pair == 1 { "" } else { "s" },
-            2 * run.micro_batch,
-            match d.reference {
-                DpoReference::AdaptersOff => "the base with adapters off",
-                DpoReference::Copy => "a frozen copy",
-                DpoReference::Precomputed => "precomputed log-probs",
+        println!();
+        self.components();
+        println!();
+        self.phases();
+        verdict(self.a, self.plan, available, suggestions);
+    }
+
+    /// The run's shapes, by trainer.
+    fn shapes(&self) {
+        let run = self.run;
+        let src = |s: LengthSource| match s {
+            LengthSource::Dataset => "the dataset's longest",
+            LengthSource::Config => "the config's limit",
+        };
+        let (b, acc) = (run.micro_batch, run.accumulation);
+        match (self.lengths, self.cfg) {
+            (Lengths::Grpo(l), PlanConfig::Online { cfg, odpo }) => {
+                let g = run.generation.expect("online runs generate");
+                let micro = if *odpo {
+                    format!("{b} completions ({} prompts x 2)", b / 2)
+                } else {
+                    b.to_string()
+                };
+                let shared = match run.update.shared_prompt {
+                    Some(_) => {
+                        let n = run.update.passes[0].rows;
+                        let es = if n == 1 { "" } else { "es" };
+                        format!(" (shared prompts: {n} prompt pass{es} per micro-batch)")
+                    }
+                    None => String::new(),
+                };
+                println!(
+                    "shapes: prompts {} tokens ({}), completions <= {}; rollout {} prompts x {} \
+                     = {} completions; micro-batch {micro} x {acc} accumulation{shared}",
+                    l.prompt_tokens,
+                    src(l.source),
+                    cfg.max_completion_length,
+                    g.prompts,
+                    g.per_prompt,
+                    g.prompts * g.per_prompt,
+                );
+                for r in &run.reward_models {
+                    println!(
+                        "reward `{}`: a reward model of {} layers, hidden {}, {} parameters; \
+                         {} sequences x {} tokens per scoring pass",
+                        r.name,
+                        r.model.dims.layers,
+                        r.model.dims.hidden,
+                        count(r.model.parameters()),
+                        r.rows,
+                        r.tokens
+                    );
+                }
+                if let Some(k) = &run.critic {
+                    println!(
+                        "critic: {} layers, hidden {}, {} parameters{}, trained as the policy \
+                         is ({}); a value pass per rollout and a forward + backward per \
+                         micro-batch",
+                        k.model.dims.layers,
+                        k.model.dims.hidden,
+                        count(k.model.parameters()),
+                        if k.model.headless {
+                            " (a sequence-classification model)"
+                        } else {
+                            ""
+                        },
+                        tuning_text(run)
+                    );
+                }
             }
-        ),
-        (Lengths::RewardModel(l), Workload::RewardModel(_)) => println!(
-            "shapes: sequences {} tokens ({}); micro-batch {} pairs ({} sequences) x {} \
-             accumulation; a score head, no LM head",
-            l.sequence_tokens,
-            src(l.source),
-            run.micro_batch,
-            2 * run.micro_batch,
-            run.accumulation
-        ),
-        _ => {}
+            (Lengths::Sft(l), _) => println!(
+                "shapes: examples {} tokens ({}); micro-batch {b} x {acc} accumulation",
+                l.example_tokens,
+                src(l.source),
+            ),
+            (Lengths::Dpo(l), PlanConfig::Dpo(c)) => println!(
+                "shapes: prompts {} tokens, completions {} tokens ({}); micro-batch {b} pairs x \
+                 {acc} accumulation: {} prompt row{} per pair, chosen + rejected ({} rows) \
+                 attending to it; reference: {}",
+                l.prompt_tokens,
+                l.completion_tokens,
+                src(l.source),
+                l.prompts_per_pair,
+                if l.prompts_per_pair == 1 { "" } else { "s" },
+                2 * b,
+                match (c.precompute_ref_log_probs, c.args.use_peft) {
+                    (true, _) => "precomputed log-probs",
+                    (false, true) => "the base with adapters off",
+                    (false, false) => "a frozen copy",
+                }
+            ),
+            (Lengths::RewardModel(l), _) => println!(
+                "shapes: sequences {} tokens ({}); micro-batch {b} pairs ({} sequences) x {acc} \
+                 accumulation; a score head, no LM head",
+                l.sequence_tokens,
+                src(l.source),
+                2 * b,
+            ),
+            _ => {}
+        }
     }
-    for n in notes {
-        println!("note: {n}");
-    }
-    println!();
-    // The run's phases a component is alive in, in words when they are all (but loading).
-    let phase_list = |c: &rlft::plan::Component| -> String {
-        use rlft::plan::Phase;
-        let run_phases: Vec<Phase> = plan.phases.iter().map(|p| p.phase).collect();
+
+    /// The run's phases a component is alive in, in words when they are all (but loading).
+    fn alive(&self, c: &rlft_plan::Component) -> String {
+        use rlft_plan::Phase;
+        let run_phases: Vec<Phase> = self.plan.phases.iter().map(|p| p.phase).collect();
         let alive: Vec<Phase> = run_phases
             .iter()
             .copied()
@@ -466,40 +396,42 @@ fn print_text(
         } else if alive.len() >= 3 && critic && alive == but(&[Phase::Load, Phase::CriticLoad]) {
             "all but load".into()
         } else {
-            alive
-                .iter()
-                .map(|p| p.name())
-                .collect::<Vec<_>>()
-                .join(", ")
+            let names: Vec<&str> = alive.iter().map(|p| p.name()).collect();
+            names.join(", ")
         }
-    };
-    println!(
-        "{:<44} {:>8}  {:<22} detail",
-        "component", "MiB", "alive in"
-    );
-    for c in &plan.components {
+    }
+
+    /// The components' table, activations itemised.
+    fn components(&self) {
+        let plan = self.plan;
         println!(
-            "{:<44} {:>8.1}  {:<22} {}",
-            c.name,
-            mib(c.bytes),
-            phase_list(c),
-            c.detail
+            "{:<44} {:>8}  {:<22} detail",
+            "component", "MiB", "alive in"
         );
-        let acts = match c.key {
-            "activations" => Some(&plan.activations),
-            "critic_activations" => plan.critic_activations.as_ref(),
-            _ => None,
-        };
-        if let Some(acts) = acts {
-            let per_token: usize = acts.layer_tensors.iter().map(|t| t.bytes_per_token).sum();
+        for c in &plan.components {
+            let alive = self.alive(c);
+            println!(
+                "{:<44} {:>8.1}  {alive:<22} {}",
+                c.name,
+                mib(c.bytes),
+                c.detail
+            );
+            let acts = match c.key {
+                "activations" => Some(&plan.activations),
+                "critic_activations" => plan.critic_activations.as_ref(),
+                _ => None,
+            };
+            let Some(acts) = acts else {
+                continue;
+            };
             println!(
                 "  {:<42} {:>8.1}  {:<22} {} layers x {:.1} KiB per token{}",
                 "layers",
                 mib(acts.layers.bytes),
                 "",
                 acts.layer_count,
-                per_token as f64 / 1024.0,
-                if acts.layer_tensors.iter().any(|t| t.bytes_per_score > 0) {
+                acts.layer_bytes_per_token as f64 / 1024.0,
+                if acts.layer_bytes_per_score > 0 {
                     " + attention scores"
                 } else {
                     ""
@@ -510,38 +442,43 @@ fn print_text(
             }
         }
     }
-    println!();
-    let row = |f: &dyn Fn(&rlft::plan::PhaseTotal) -> u64, peak: bool| -> String {
-        plan.phases
-            .iter()
-            .map(|p| {
-                format!(
-                    "{} {:.0}{}",
-                    p.phase.name(),
-                    mib(f(p)),
-                    if peak && p.phase == plan.peak_phase {
+
+    /// Alive and RSS by phase, the heap's mark and the predicted peak.
+    fn phases(&self) {
+        let plan = self.plan;
+        let row = |f: &dyn Fn(&rlft_plan::PhaseTotal) -> u64, peak: bool| -> String {
+            let cells: Vec<String> = plan
+                .phases
+                .iter()
+                .map(|p| {
+                    let mark = if peak && p.phase == plan.peak_phase {
                         " (peak)"
                     } else {
                         ""
-                    }
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(" | ")
-    };
-    println!("alive by phase (MiB): {}", row(&|p| p.live_bytes, false));
-    println!("RSS by phase (MiB):   {}", row(&|p| p.rss_bytes, true));
-    println!(
-        "  (after loading, RSS stays at the heap's high-water mark, {:.0} MiB; buffers of 32 MiB \
-         or more are mapped fresh and come on top)",
-        mib(plan.heap_high_water_bytes)
-    );
-    println!(
-        "predicted peak RSS: {:.0} MiB ({}), in the {} phase",
-        mib(plan.total_bytes),
-        gib(plan.total_bytes),
-        plan.peak_phase.name()
-    );
+                    };
+                    format!("{} {:.0}{mark}", p.phase.name(), mib(f(p)))
+                })
+                .collect();
+            cells.join(" | ")
+        };
+        println!("alive by phase (MiB): {}", row(&|p| p.live_bytes, false));
+        println!("RSS by phase (MiB):   {}", row(&|p| p.rss_bytes, true));
+        println!(
+            "  (after loading, RSS stays at the heap's high-water mark, {:.0} MiB; buffers of 32 \
+             MiB or more are mapped fresh and come on top)",
+            mib(plan.heap_high_water_bytes)
+        );
+        println!(
+            "predicted peak RSS: {:.0} MiB ({}), in the {} phase",
+            mib(plan.total_bytes),
+            gib(plan.total_bytes),
+            plan.peak_phase.name()
+        );
+    }
+}
+
+/// Whether the plan fits the available memory, and if not, the suggestions.
+fn verdict(a: &PlanArgs, plan: &Plan, available: Option<u64>, suggestions: &[Suggestion]) {
     let Some(avail) = available else {
         println!("available memory: unknown (no /proc/meminfo); pass --available-mib");
         return;

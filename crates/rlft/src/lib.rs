@@ -15,7 +15,8 @@
 //!   [`run::Algorithm`]; [`online`] is the whole online family (GRPO, RLOO, REINFORCE++, PPO with
 //!   its critic in [`online::critic`]), which `rlft grpo`, `rloo` and `ppo` configure.
 //! - [`trainers`]: the one list of trainers (names, config keys) the CLI reads.
-//! - [`plan`]: a run's peak memory, predicted from the config and the model's shape.
+//! - [`plan_inputs`], [`plan_shapes`]: what the memory plan (`rlft-plan`) reads of a config:
+//!   lengths and model shapes, and each trainer's declaration of its models and passes.
 //! - [`error`]: [`TrainerError`], the one error type of the trainers.
 
 pub mod algo;
@@ -25,7 +26,8 @@ pub mod dpo;
 pub mod error;
 pub mod online;
 pub mod online_dpo;
-pub mod plan;
+pub mod plan_inputs;
+pub mod plan_shapes;
 pub mod reward_model;
 pub mod rollout;
 pub mod run;

@@ -1,24 +1,89 @@
-//! From configs (and their datasets) to a [`RunShape`]: the lengths a run will see and the
-//! settings memory depends on.
+//! From configs (and their datasets) to what the memory plan (`rlft_plan`) reads besides the
+//! trainer's declaration (`crate::plan_shapes`): the model's dimensions and files, the lengths
+//! a run will see (the dataset's longest prompt, example or pair, read by the trainers' own
+//! code), and the value and reward models' shapes.
+
+use std::path::Path;
 
 use rlft_data::load_dataset;
 use rlft_model::load::{load_metadata, ModelMetadata};
-use rlft_model::lora::resolve_targets;
+use rlft_model::ModelConfig;
+use rlft_plan::{Model, ModelDims};
 use rlft_text::TextBundle;
 use serde::Serialize;
 
-use super::{
-    CriticShape, DpoReference, DpoShape, EvalPrompts, GrpoShape, LoraShape, ModelDims,
-    ModelRewardShape, PlanError, RewardModelShape, RunShape, SftShape, Tuning, Workload,
-};
 use crate::config::dpo::DpoConfig;
 use crate::config::online::OnlineConfig;
-use crate::config::online_dpo::OnlineDpoConfig;
 use crate::config::reward::RewardConfig;
 use crate::config::sft::SftConfig;
-use crate::config::{LoraSettings, TrainingArgs};
+use crate::config::TrainingArgs;
 use crate::data::sft::{build_example, fit_length, LengthReport, SftFormat};
 pub use crate::online::setup::EVAL_BATCH;
+
+/// Why a plan's inputs cannot be read; each says what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanInputError {
+    /// Config problems.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// Model metadata problems.
+    #[error(transparent)]
+    Model(#[from] rlft_model::ModelError),
+    /// Dataset files.
+    #[error(transparent)]
+    Dataset(#[from] rlft_data::DataError),
+    /// Dataset contents (prompts, columns, examples).
+    #[error("{0}")]
+    Data(String),
+    /// A run the plan cannot describe.
+    #[error("cannot plan this run: {0}")]
+    Invalid(String),
+}
+
+/// The dimensions of `c` that memory depends on.
+pub fn model_dims(c: &ModelConfig) -> ModelDims {
+    ModelDims {
+        vocab: c.vocab_size,
+        hidden: c.hidden_size,
+        intermediate: c.intermediate_size,
+        layers: c.num_hidden_layers,
+        heads: c.num_attention_heads,
+        kv_heads: c.num_key_value_heads,
+        head_dim: c.head_dim,
+        tied_embeddings: c.tie_word_embeddings,
+        qkv_bias: c.attention_bias,
+        o_bias: c.attention_bias && c.family != rlft_model::Family::Qwen2,
+        mlp_bias: c.mlp_bias,
+        qk_norm: c.family.has_qk_norm(),
+    }
+}
+
+/// The model of `meta` as the plan sees it: its shape and files; `score_head` for a score
+/// model, `headless` without an LM head.
+pub fn model(meta: &ModelMetadata, score_head: bool, headless: bool) -> Model {
+    Model {
+        dims: model_dims(&meta.config),
+        score_head,
+        headless,
+        source_file_bytes: meta.largest_file_bytes,
+        decode_block_bytes: meta.decode_block_bytes,
+        frozen_blocks: meta.frozen_blocks,
+    }
+}
+
+/// The lengths of a run, by trainer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Lengths {
+    /// The online trainers.
+    Grpo(GrpoLengths),
+    /// SFT.
+    Sft(SftLengths),
+    /// DPO.
+    Dpo(DpoLengths),
+    /// The reward model.
+    RewardModel(RewardModelLengths),
+}
 
 /// Where the lengths of a plan come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -28,6 +93,15 @@ pub enum LengthSource {
     Dataset,
     /// The config's limits (`max_prompt_length`, `max_length`): the worst case.
     Config,
+}
+
+/// Eval prompts of an online run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct EvalPrompts {
+    /// Prompts (a run generates for up to [`EVAL_BATCH`] at once).
+    pub prompts: usize,
+    /// Tokens of the longest.
+    pub prompt_tokens: usize,
 }
 
 /// Prompt lengths of a GRPO run.
@@ -57,10 +131,10 @@ fn longest_prompt(
     text: &TextBundle,
     path: &std::path::Path,
     split: Option<&str>,
-) -> Result<(usize, usize), PlanError> {
+) -> Result<(usize, usize), PlanInputError> {
     let ds = load_dataset(path, split)?;
     let (items, _) = crate::online::setup::prompts(cfg, &ds, text)
-        .map_err(|e| PlanError::Data(e.to_string()))?;
+        .map_err(|e| PlanInputError::Data(e.to_string()))?;
     let longest = items.iter().map(|i| i.ids.len()).max().unwrap_or(0);
     Ok((items.len(), longest))
 }
@@ -72,7 +146,7 @@ pub fn grpo_lengths(
     cfg: &OnlineConfig,
     text: &TextBundle,
     read_data: bool,
-) -> Result<GrpoLengths, PlanError> {
+) -> Result<GrpoLengths, PlanInputError> {
     let eval_source = crate::online::setup::eval_source(cfg);
     let cap = |n: usize| {
         if cfg.rollout.eval_max_prompts > 0 {
@@ -98,7 +172,7 @@ pub fn grpo_lengths(
         Some(cfg.args.dataset_split.as_str()),
     )?;
     if prompt_tokens == 0 {
-        return Err(PlanError::Data(format!(
+        return Err(PlanInputError::Data(format!(
             "{} has no usable prompt (all dropped for max_prompt_length {}?)",
             cfg.args.dataset.display(),
             cfg.max_prompt_length
@@ -127,7 +201,7 @@ pub fn sft_lengths(
     cfg: &SftConfig,
     text: &TextBundle,
     read_data: bool,
-) -> Result<SftLengths, PlanError> {
+) -> Result<SftLengths, PlanInputError> {
     let a = &cfg.args;
     let eval = a.eval_dataset.is_some() || a.eval_split.is_some() || cfg.eval_size > 0.0;
     if !read_data {
@@ -147,7 +221,8 @@ pub fn sft_lengths(
     let template = text.compile_chat_template().ok();
     for (path, split) in sources {
         let ds = load_dataset(&path, split.as_deref())?;
-        let format = SftFormat::detect(&ds.columns).map_err(|e| PlanError::Data(e.to_string()))?;
+        let format =
+            SftFormat::detect(&ds.columns).map_err(|e| PlanInputError::Data(e.to_string()))?;
         let mut report = LengthReport::default();
         for (i, row) in ds.iter().enumerate() {
             let ex = build_example(
@@ -158,14 +233,14 @@ pub fn sft_lengths(
                 i,
                 a.system_prompt.as_deref(),
             )
-            .map_err(|e| PlanError::Data(e.to_string()))?;
+            .map_err(|e| PlanInputError::Data(e.to_string()))?;
             if let Some(ex) = fit_length(ex, cfg.max_length, cfg.truncation, &mut report) {
                 longest = longest.max(ex.input_ids.len());
             }
         }
     }
     if longest < 2 {
-        return Err(PlanError::Data(format!(
+        return Err(PlanInputError::Data(format!(
             "{} has no usable example (all dropped for max_length {}?)",
             a.dataset.display(),
             cfg.max_length
@@ -175,30 +250,6 @@ pub fn sft_lengths(
         example_tokens: longest,
         eval,
         source: LengthSource::Dataset,
-    })
-}
-
-fn tuning(use_peft: bool, lora: &LoraSettings) -> Result<Tuning, PlanError> {
-    if !use_peft {
-        return Ok(Tuning::Full);
-    }
-    let modules = resolve_targets(&lora.target_modules)?;
-    Ok(Tuning::Lora(LoraShape {
-        r: lora.r,
-        modules,
-        dropout: lora.lora_dropout > 0.0,
-    }))
-}
-
-/// The settings of the shared [`TrainingArgs`] that memory depends on, around `workload`.
-fn run_shape(args: &TrainingArgs, workload: Workload) -> Result<RunShape, PlanError> {
-    Ok(RunShape {
-        bf16: args.bf16,
-        tuning: tuning(args.use_peft, &args.lora)?,
-        micro_batch: args.per_device_train_batch_size,
-        accumulation: args.gradient_accumulation_steps,
-        gradient_checkpointing: args.gradient_checkpointing,
-        workload,
     })
 }
 
@@ -231,12 +282,12 @@ pub fn dpo_lengths(
     cfg: &DpoConfig,
     text: &TextBundle,
     read_data: bool,
-) -> Result<DpoLengths, PlanError> {
+) -> Result<DpoLengths, PlanInputError> {
     let a = &cfg.args;
     let eval = has_eval(a, cfg.eval_size);
     if !read_data {
         if cfg.max_length == 0 {
-            return Err(PlanError::Invalid(
+            return Err(PlanInputError::Invalid(
                 "max_length = 0 (no limit) gives no worst case; plan from the dataset (drop \
                  --worst-case) or set max_length"
                     .into(),
@@ -260,7 +311,7 @@ pub fn dpo_lengths(
         });
     }
     let (train, eval_ds) = crate::data::train_eval_datasets(a, cfg.eval_size)
-        .map_err(|e| PlanError::Data(e.to_string()))?;
+        .map_err(|e| PlanInputError::Data(e.to_string()))?;
     let lim = crate::data::dpo::DpoLimits {
         max_length: cfg.max_length,
         max_prompt_length: cfg.max_prompt_length,
@@ -275,7 +326,7 @@ pub fn dpo_lengths(
     };
     for ds in std::iter::once(&train).chain(eval_ds.as_ref()) {
         let (pairs, _) = crate::data::dpo::dpo_pairs(ds, text, a.system_prompt.as_deref(), &lim)
-            .map_err(|e| PlanError::Data(e.to_string()))?;
+            .map_err(|e| PlanInputError::Data(e.to_string()))?;
         for p in &pairs {
             l.prompt_tokens = l.prompt_tokens.max(p.prompt_ids.len());
             l.prompt_tokens = l.prompt_tokens.max(p.rejected_prompt().len());
@@ -289,7 +340,7 @@ pub fn dpo_lengths(
         }
     }
     if l.completion_tokens == 0 {
-        return Err(PlanError::Data(format!(
+        return Err(PlanInputError::Data(format!(
             "{} has no preference pair",
             a.dataset.display()
         )));
@@ -315,11 +366,11 @@ pub fn reward_model_lengths(
     cfg: &RewardConfig,
     text: &TextBundle,
     read_data: bool,
-) -> Result<RewardModelLengths, PlanError> {
+) -> Result<RewardModelLengths, PlanInputError> {
     let a = &cfg.args;
     if !read_data {
         if cfg.max_length == 0 {
-            return Err(PlanError::Invalid(
+            return Err(PlanInputError::Invalid(
                 "max_length = 0 (no limit) gives no worst case; plan from the dataset (drop \
                  --worst-case) or set max_length"
                     .into(),
@@ -332,19 +383,19 @@ pub fn reward_model_lengths(
         });
     }
     let (train, eval_ds) = crate::data::train_eval_datasets(a, cfg.eval_size)
-        .map_err(|e| PlanError::Data(e.to_string()))?;
+        .map_err(|e| PlanInputError::Data(e.to_string()))?;
     let mut longest = 0;
     for ds in std::iter::once(&train).chain(eval_ds.as_ref()) {
         let system = a.system_prompt.as_deref();
         let (pairs, _, _) =
             crate::data::preferences::reward_pairs(ds, text, system, cfg.length_limit())
-                .map_err(|e| PlanError::Data(e.to_string()))?;
+                .map_err(|e| PlanInputError::Data(e.to_string()))?;
         for p in &pairs {
             longest = longest.max(p.chosen_ids.len()).max(p.rejected_ids.len());
         }
     }
     if longest == 0 {
-        return Err(PlanError::Data(format!(
+        return Err(PlanInputError::Data(format!(
             "{} has no preference pair within max_length {}",
             a.dataset.display(),
             cfg.max_length
@@ -357,51 +408,33 @@ pub fn reward_model_lengths(
     })
 }
 
-/// The run shape of a DPO config with its pair lengths.
-pub fn run_shape_dpo(cfg: &DpoConfig, l: &DpoLengths) -> Result<RunShape, PlanError> {
-    let reference = match (cfg.precompute_ref_log_probs, cfg.args.use_peft) {
-        (true, _) => DpoReference::Precomputed,
-        (false, true) => DpoReference::AdaptersOff,
-        (false, false) => DpoReference::Copy,
-    };
-    let workload = Workload::Dpo(DpoShape {
-        prompt_tokens: l.prompt_tokens,
-        completion_tokens: l.completion_tokens,
-        prompts_per_pair: l.prompts_per_pair,
-        reference,
-        eval: l.eval,
-    });
-    run_shape(&cfg.args, workload)
-}
-
-/// The run shape of a reward-model config with its sequence lengths.
-pub fn run_shape_reward_model(
-    cfg: &RewardConfig,
-    l: &RewardModelLengths,
-) -> Result<RunShape, PlanError> {
-    let workload = Workload::RewardModel(RewardModelShape {
-        sequence_tokens: l.sequence_tokens,
-        eval: l.eval,
-    });
-    run_shape(&cfg.args, workload)
+/// A `[[rewards]] type = "model"` reward of an online config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelReward {
+    /// Its name.
+    pub name: String,
+    /// The reward model (a score head).
+    pub model: Model,
+    /// Sequences per forward pass.
+    pub batch_size: usize,
+    /// Its `max_length` (0: none).
+    pub max_length: usize,
 }
 
 /// The `type = "model"` rewards of an online config, read as `reward_model::reward` loads
 /// them: a `*ForSequenceClassification` directory's own config (no LM head), or a SEQ_CLS
 /// adapter's base (`base`, the policy's `model` string meaning `policy`, else the adapter's
-/// `base_model_name_or_path`) with its LM head. Each scores sequences of the longest prompt
-/// plus `max_completion_length` tokens, cut to its `max_length`.
+/// `base_model_name_or_path`) with its LM head.
 pub fn model_rewards(
     cfg: &OnlineConfig,
-    policy: &std::path::Path,
-    lengths: &GrpoLengths,
-) -> Result<Vec<ModelRewardShape>, PlanError> {
+    policy: &Path,
+) -> Result<Vec<ModelReward>, PlanInputError> {
     let mut out = Vec::new();
     for spec in &cfg.rollout.rewards {
         let rlft_rewards::RewardKind::Model(m) = &spec.kind else {
             continue;
         };
-        let path = std::path::Path::new(&m.path);
+        let path = Path::new(&m.path);
         let adapter = path.join(rlft_model::peft::ADAPTER_CONFIG);
         let (meta, headless) = if adapter.is_file() {
             let base = match &m.base {
@@ -411,7 +444,7 @@ pub fn model_rewards(
                     .map(|name| rlft_model::load::resolve(&name))
                     .transpose()?
                     .ok_or_else(|| {
-                        PlanError::Invalid(format!(
+                        PlanInputError::Invalid(format!(
                             "{}: names no base model (base_model_name_or_path); give the \
                              reward's `base`",
                             adapter.display()
@@ -422,20 +455,11 @@ pub fn model_rewards(
         } else {
             (load_metadata(path)?, true)
         };
-        let mut tokens = lengths.prompt_tokens + cfg.max_completion_length;
-        if m.max_length > 0 {
-            tokens = tokens.min(m.max_length);
-        }
-        out.push(ModelRewardShape {
+        out.push(ModelReward {
             name: spec.display_name().to_string(),
-            model: CriticShape {
-                dims: ModelDims::from_config(&meta.config),
-                headless,
-                source_file_bytes: meta.largest_file_bytes,
-                decode_block_bytes: meta.decode_block_bytes,
-            },
+            model: model(&meta, true, headless),
             batch_size: m.batch_size,
-            tokens,
+            max_length: m.max_length,
         });
     }
     Ok(out)
@@ -445,86 +469,23 @@ pub fn model_rewards(
 /// (`policy`) when `value_model` names the policy's `model`, as `grpo::setup::prepare` loads it
 /// then; else `value_model`'s own config (a causal LM, or a `*ForSequenceClassification`
 /// directory without an LM head).
-pub fn critic_shape(
+pub fn critic_model(
     cfg: &OnlineConfig,
     policy: &ModelMetadata,
-) -> Result<Option<CriticShape>, PlanError> {
+) -> Result<Option<Model>, PlanInputError> {
     let Some(v) = &cfg.estimator.value_model else {
         return Ok(None);
     };
-    let shape = |m: &ModelMetadata, headless| CriticShape {
-        dims: ModelDims::from_config(&m.config),
-        headless,
-        source_file_bytes: m.largest_file_bytes,
-        decode_block_bytes: m.decode_block_bytes,
-    };
     if v.as_os_str() == cfg.args.model.as_str() {
-        return Ok(Some(shape(policy, false)));
+        return Ok(Some(model(policy, true, false)));
     }
     if v.join(rlft_model::peft::ADAPTER_CONFIG).is_file() {
-        return Err(PlanError::Invalid(format!(
+        return Err(PlanInputError::Invalid(format!(
             "value_model {} is a PEFT adapter; plan with its base model as value_model",
             v.display()
         )));
     }
     let v = &rlft_model::load::resolve(&v.to_string_lossy())?;
     let headless = rlft_model::score::sequence_classification_arch(v)?.is_some();
-    let meta = load_metadata(v)?;
-    Ok(Some(shape(&meta, headless)))
-}
-
-/// The run shape of an online (GRPO, RLOO, PPO) config with its prompt lengths and, for PPO,
-/// its critic ([`critic_shape`]).
-pub fn run_shape_grpo(
-    cfg: &OnlineConfig,
-    lengths: &GrpoLengths,
-    critic: Option<CriticShape>,
-    reward_models: Vec<ModelRewardShape>,
-) -> Result<RunShape, PlanError> {
-    let plan = cfg.plan(1);
-    let passes = crate::online::setup::passes(cfg, &plan);
-    let workload = Workload::Grpo(GrpoShape {
-        num_generations: cfg.num_generations,
-        rollout_prompts: plan.rollout_prompts,
-        rollout_completions: plan.rollout_completions,
-        prompt_tokens: lengths.prompt_tokens,
-        completion_tokens: cfg.max_completion_length,
-        reference: passes.reference,
-        old_logprobs: passes.old,
-        share_prompts: cfg.share_prompts,
-        temperature_scaled: cfg.rollout.temperature != 1.0,
-        eval: lengths.eval.map(|e| EvalPrompts {
-            prompts: e.prompts.min(EVAL_BATCH),
-            ..e
-        }),
-        critic,
-        reward_models,
-        online_dpo: false,
-    });
-    run_shape(&cfg.args, workload)
-}
-
-/// The run shape of an Online DPO config: its online view ([`OnlineDpoConfig::online`]: two
-/// completions per prompt, micro-batches of `2 x per_device_train_batch_size` completions in
-/// shared-prompt passes, a reference pass, a frozen copy with full fine-tuning) with the
-/// lengths [`grpo_lengths`] reads for that view.
-pub fn run_shape_online_dpo(
-    cfg: &OnlineDpoConfig,
-    lengths: &GrpoLengths,
-    reward_models: Vec<ModelRewardShape>,
-) -> Result<RunShape, PlanError> {
-    let mut run = run_shape_grpo(&cfg.online(), lengths, None, reward_models)?;
-    if let Workload::Grpo(g) = &mut run.workload {
-        g.online_dpo = true;
-    }
-    Ok(run)
-}
-
-/// The run shape of an SFT config with its example lengths.
-pub fn run_shape_sft(cfg: &SftConfig, lengths: &SftLengths) -> Result<RunShape, PlanError> {
-    let workload = Workload::Sft(SftShape {
-        example_tokens: lengths.example_tokens,
-        eval: lengths.eval,
-    });
-    run_shape(&cfg.args, workload)
+    Ok(Some(model(&load_metadata(v)?, true, headless)))
 }
