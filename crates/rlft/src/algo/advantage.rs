@@ -18,12 +18,10 @@
 //! mean and std (TRL's `nanmean` / `nanstd`) and its advantage is 0. A std over fewer than two
 //! scored values is undefined (NaN) as in TRL; an advantage that comes out NaN is 0.
 
-use std::fmt;
-use std::str::FromStr;
+use super::config_names;
 
 use serde::{Deserialize, Serialize};
 
-use super::UnknownVariant;
 use crate::config::ConfigError;
 
 /// A standard deviation at or below this counts as zero for [`Advantages::frac_zero_std`]
@@ -47,39 +45,11 @@ pub enum ScaleRewards {
     None,
 }
 
-impl ScaleRewards {
-    /// The config names, in declaration order.
-    pub const NAMES: &'static [&'static str] = &["group", "batch", "none"];
-
-    /// The config name (`"group"`, `"batch"`, `"none"`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ScaleRewards::Group => "group",
-            ScaleRewards::Batch => "batch",
-            ScaleRewards::None => "none",
-        }
-    }
-}
-
-impl fmt::Display for ScaleRewards {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for ScaleRewards {
-    type Err = UnknownVariant;
-
-    /// Parses `"group"`, `"batch"` or `"none"` (case-insensitive, surrounding spaces ignored).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "group" => Ok(ScaleRewards::Group),
-            "batch" => Ok(ScaleRewards::Batch),
-            "none" => Ok(ScaleRewards::None),
-            _ => Err(UnknownVariant::new("scale_rewards", s, Self::NAMES)),
-        }
-    }
-}
+config_names!(ScaleRewards, "scale_rewards", {
+    Group => "group",
+    Batch => "batch",
+    None => "none",
+});
 
 /// How the rewards of several functions become one advantage (TRL 1.16's
 /// `multi_objective_aggregation`, `grpo_trainer.py:2761-2807`). `w_k` are the reward weights,
@@ -99,41 +69,10 @@ pub enum MultiObjectiveAggregation {
     NormalizeThenSum,
 }
 
-impl MultiObjectiveAggregation {
-    /// The config names, in declaration order.
-    pub const NAMES: &'static [&'static str] = &["sum_then_normalize", "normalize_then_sum"];
-
-    /// The config name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MultiObjectiveAggregation::SumThenNormalize => "sum_then_normalize",
-            MultiObjectiveAggregation::NormalizeThenSum => "normalize_then_sum",
-        }
-    }
-}
-
-impl fmt::Display for MultiObjectiveAggregation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for MultiObjectiveAggregation {
-    type Err = UnknownVariant;
-
-    /// Parses a config name (case-insensitive, surrounding spaces ignored).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "sum_then_normalize" => Ok(MultiObjectiveAggregation::SumThenNormalize),
-            "normalize_then_sum" => Ok(MultiObjectiveAggregation::NormalizeThenSum),
-            _ => Err(UnknownVariant::new(
-                "multi_objective_aggregation",
-                s,
-                Self::NAMES,
-            )),
-        }
-    }
-}
+config_names!(MultiObjectiveAggregation, "multi_objective_aggregation", {
+    SumThenNormalize => "sum_then_normalize",
+    NormalizeThenSum => "normalize_then_sum",
+});
 
 /// Advantage settings.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -29,13 +29,10 @@
 //! arXiv:2405.00675), AOT (Melnyk et al. 2024, arXiv:2406.05882), APO (D'Oosterlinck et al.
 //! 2024, arXiv:2408.06266), DiscoPOP (Chris Lu et al. 2024, arXiv:2406.08414).
 
-use std::fmt;
-use std::str::FromStr;
+use super::config_names;
 
 use candle_core::{bail, DType, Result, Tensor};
 use serde::{Deserialize, Serialize};
-
-use super::UnknownVariant;
 
 /// One DPO loss (TRL's `loss_type` values, `dpo_trainer.py:1386-1526`). `beta` is `b`,
 /// `label_smoothing` is `e`, `c`, `r`, `d` as in the module docs, `n_c`, `n_r` the completion
@@ -78,76 +75,31 @@ pub enum DpoLossType {
     SigmoidNorm,
 }
 
+config_names!(DpoLossType, "loss_type", {
+    Sigmoid => "sigmoid",
+    Hinge => "hinge",
+    Ipo => "ipo",
+    ExoPair => "exo_pair",
+    NcaPair => "nca_pair",
+    Robust => "robust",
+    BcoPair => "bco_pair",
+    SppoHard => "sppo_hard",
+    Aot => "aot",
+    AotUnpaired => "aot_unpaired",
+    ApoZero => "apo_zero",
+    ApoDown => "apo_down",
+    Discopop => "discopop",
+    Sft => "sft",
+    SigmoidNorm => "sigmoid_norm",
+});
+
 impl DpoLossType {
-    /// Every variant, in TRL's order.
-    pub const ALL: [DpoLossType; 15] = [
-        DpoLossType::Sigmoid,
-        DpoLossType::Hinge,
-        DpoLossType::Ipo,
-        DpoLossType::ExoPair,
-        DpoLossType::NcaPair,
-        DpoLossType::Robust,
-        DpoLossType::BcoPair,
-        DpoLossType::SppoHard,
-        DpoLossType::Aot,
-        DpoLossType::AotUnpaired,
-        DpoLossType::ApoZero,
-        DpoLossType::ApoDown,
-        DpoLossType::Discopop,
-        DpoLossType::Sft,
-        DpoLossType::SigmoidNorm,
-    ];
-
-    /// The config names, in TRL's order.
-    pub const NAMES: &'static [&'static str] = &[
-        "sigmoid",
-        "hinge",
-        "ipo",
-        "exo_pair",
-        "nca_pair",
-        "robust",
-        "bco_pair",
-        "sppo_hard",
-        "aot",
-        "aot_unpaired",
-        "apo_zero",
-        "apo_down",
-        "discopop",
-        "sft",
-        "sigmoid_norm",
-    ];
-
-    /// The config name (TRL's string).
-    pub fn as_str(self) -> &'static str {
-        let i = Self::ALL.iter().position(|t| *t == self).expect("listed");
-        Self::NAMES[i]
-    }
-
     /// Whether the loss reads the completion lengths.
     pub fn needs_lengths(self) -> bool {
         matches!(
             self,
             DpoLossType::SigmoidNorm | DpoLossType::Sft | DpoLossType::Ipo
         )
-    }
-}
-
-impl fmt::Display for DpoLossType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for DpoLossType {
-    type Err = UnknownVariant;
-
-    /// Parses a config name (case-insensitive, surrounding spaces ignored).
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        let lower = s.trim().to_ascii_lowercase();
-        Self::ALL
-            .into_iter()
-            .find(|t| t.as_str() == lower)
-            .ok_or_else(|| UnknownVariant::new("loss_type", s, Self::NAMES))
     }
 }
 
@@ -426,7 +378,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for t in DpoLossType::ALL {
+        for &t in DpoLossType::ALL {
             assert_eq!(t.as_str().parse::<DpoLossType>().unwrap(), t);
             let s: DpoLossType = serde_json::from_value(t.as_str().into()).unwrap();
             assert_eq!(s, t);

@@ -25,13 +25,11 @@
 //! Rows are ragged: row `i` holds the `len_i` active completion tokens of completion `i`
 //! (padding never enters these functions), so "masked" sums are plain sums here.
 
-use std::fmt;
-use std::str::FromStr;
+use super::config_names;
 
 use serde::{Deserialize, Serialize};
 
 use super::advantage::{mean, unbiased_std};
-use super::UnknownVariant;
 
 /// Which advantage estimator an online run uses (`advantage_estimator`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -51,29 +49,15 @@ pub enum Estimator {
     Gae,
 }
 
+config_names!(Estimator, "advantage_estimator", {
+    GroupNorm => "group_norm",
+    Rloo => "rloo",
+    Reinforce => "reinforce",
+    ReinforceBaseline => "reinforce_baseline",
+    Gae => "gae",
+});
+
 impl Estimator {
-    /// The config names, in declaration order.
-    pub const NAMES: &'static [&'static str] = &[
-        "group_norm",
-        "rloo",
-        "reinforce",
-        "reinforce_baseline",
-        "gae",
-    ];
-    /// Every estimator, in declaration order.
-    pub const ALL: [Estimator; 5] = [
-        Estimator::GroupNorm,
-        Estimator::Rloo,
-        Estimator::Reinforce,
-        Estimator::ReinforceBaseline,
-        Estimator::Gae,
-    ];
-
-    /// The config name.
-    pub fn as_str(self) -> &'static str {
-        Self::NAMES[self as usize]
-    }
-
     /// Whether the baseline comes from the other completions of the prompt, so a prompt needs
     /// `num_generations >= 2`.
     pub fn needs_groups(self) -> bool {
@@ -98,24 +82,6 @@ impl Estimator {
     }
 }
 
-impl fmt::Display for Estimator {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Estimator {
-    type Err = UnknownVariant;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let lower = s.trim().to_ascii_lowercase();
-        Self::ALL
-            .into_iter()
-            .find(|e| e.as_str() == lower)
-            .ok_or_else(|| UnknownVariant::new("advantage_estimator", s, Self::NAMES))
-    }
-}
-
 /// How the per-token KL to the reference is estimated when it enters the reward
 /// (`kl_estimator`; J. Schulman, "Approximating KL Divergence", 2020).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -130,28 +96,11 @@ pub enum KlEstimator {
     K3,
 }
 
-impl KlEstimator {
-    /// The config names.
-    pub const NAMES: &'static [&'static str] = &["k1", "k2", "k3"];
-
-    /// The config name.
-    pub fn as_str(self) -> &'static str {
-        Self::NAMES[self as usize]
-    }
-}
-
-impl FromStr for KlEstimator {
-    type Err = UnknownVariant;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "k1" => Ok(KlEstimator::K1),
-            "k2" => Ok(KlEstimator::K2),
-            "k3" => Ok(KlEstimator::K3),
-            _ => Err(UnknownVariant::new("kl_estimator", s, Self::NAMES)),
-        }
-    }
-}
+config_names!(KlEstimator, "kl_estimator", {
+    K1 => "k1",
+    K2 => "k2",
+    K3 => "k3",
+});
 
 /// One token's KL estimate between the sampling policy (`logp`) and the reference (`ref_logp`),
 /// clamped to `[-10, 10]` (OpenRLHF `compute_approx_kl`, models/utils.py 64-95).
@@ -496,7 +445,7 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for e in Estimator::ALL {
+        for &e in Estimator::ALL {
             assert_eq!(e.as_str().parse::<Estimator>().unwrap(), e);
         }
         let err = "reinforce_base"

@@ -19,9 +19,7 @@
 //! (`grpo_trainer.py:3146-3147`). Shapes: `old` and `samp` hold one `Vec` per completion, of
 //! its length (`[N][T_i]`); the weights come back the same shape.
 
-use std::fmt;
-use std::str::FromStr;
-
+use super::config_names;
 use serde::{Deserialize, Serialize};
 
 /// How the ratios are formed and bounded (TRL `vllm_importance_sampling_mode`).
@@ -39,52 +37,20 @@ pub enum IsMode {
     SequenceMask,
 }
 
+config_names!(IsMode, "rollout_is_mode", {
+    TokenTruncate => "token_truncate",
+    TokenMask => "token_mask",
+    SequenceTruncate => "sequence_truncate",
+    SequenceMask => "sequence_mask",
+});
+
 impl IsMode {
-    /// The config names, in declaration order.
-    pub const NAMES: &'static [&'static str] = &[
-        "token_truncate",
-        "token_mask",
-        "sequence_truncate",
-        "sequence_mask",
-    ];
-
-    /// The config name.
-    pub fn as_str(self) -> &'static str {
-        Self::NAMES[self as usize]
-    }
-
     fn sequence(self) -> bool {
         matches!(self, IsMode::SequenceTruncate | IsMode::SequenceMask)
     }
 
     fn truncate(self) -> bool {
         matches!(self, IsMode::TokenTruncate | IsMode::SequenceTruncate)
-    }
-}
-
-impl fmt::Display for IsMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for IsMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        let s = s.trim().to_ascii_lowercase();
-        let all = [
-            IsMode::TokenTruncate,
-            IsMode::TokenMask,
-            IsMode::SequenceTruncate,
-            IsMode::SequenceMask,
-        ];
-        all.into_iter().find(|m| m.as_str() == s).ok_or_else(|| {
-            format!(
-                "unknown rollout_is_mode `{s}`; one of {}",
-                Self::NAMES.join(", ")
-            )
-        })
     }
 }
 

@@ -2,12 +2,10 @@
 //! formulation [`LossType`] and the [`ImportanceSamplingLevel`] of the ratio. Names, meanings
 //! and defaults are TRL 1.16's `GRPOConfig` (`trl/trainer/grpo_config.py`).
 
-use std::fmt;
-use std::str::FromStr;
+use super::config_names;
 
 use serde::{Deserialize, Serialize};
 
-use super::UnknownVariant;
 use crate::config::ConfigError;
 
 /// The loss formulation and how per-token losses are reduced to one number (TRL's
@@ -67,6 +65,16 @@ pub enum LossType {
     Rloo,
 }
 
+config_names!(LossType, "loss_type", {
+    Grpo => "grpo",
+    Bnpo => "bnpo",
+    DrGrpo => "dr_grpo",
+    Dapo => "dapo",
+    Cispo => "cispo",
+    Sapo => "sapo",
+    Rloo => "rloo",
+});
+
 /// How a loss type reduces its masked per-token losses (see [`LossType`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reduction {
@@ -81,21 +89,6 @@ pub enum Reduction {
 }
 
 impl LossType {
-    /// The config names, in declaration order.
-    pub const NAMES: &'static [&'static str] =
-        &["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "rloo"];
-
-    /// Every variant, in declaration order.
-    pub const ALL: [LossType; 7] = [
-        LossType::Grpo,
-        LossType::Bnpo,
-        LossType::DrGrpo,
-        LossType::Dapo,
-        LossType::Cispo,
-        LossType::Sapo,
-        LossType::Rloo,
-    ];
-
     /// The types [`super::grpo_loss`] computes: every one but `rloo`.
     pub const TOKEN_LOSSES: [LossType; 6] = [
         LossType::Grpo,
@@ -105,20 +98,6 @@ impl LossType {
         LossType::Cispo,
         LossType::Sapo,
     ];
-
-    /// The config name (`"grpo"`, `"bnpo"`, `"dr_grpo"`, `"dapo"`, `"cispo"`, `"sapo"`,
-    /// `"rloo"`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LossType::Grpo => "grpo",
-            LossType::Bnpo => "bnpo",
-            LossType::DrGrpo => "dr_grpo",
-            LossType::Dapo => "dapo",
-            LossType::Cispo => "cispo",
-            LossType::Sapo => "sapo",
-            LossType::Rloo => "rloo",
-        }
-    }
 
     /// The reduction over tokens (TRL `_compute_loss`, `grpo_trainer.py:3153-3176`).
     pub fn reduction(self) -> Reduction {
@@ -141,25 +120,6 @@ impl LossType {
     }
 }
 
-impl fmt::Display for LossType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for LossType {
-    type Err = UnknownVariant;
-
-    /// Parses a config name (case-insensitive, surrounding spaces ignored).
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        let lower = s.trim().to_ascii_lowercase();
-        LossType::ALL
-            .into_iter()
-            .find(|t| t.as_str() == lower)
-            .ok_or_else(|| UnknownVariant::new("loss_type", s, Self::NAMES))
-    }
-}
-
 /// Where the importance ratio is taken (TRL's `importance_sampling_level`,
 /// `grpo_trainer.py:3083-3095`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -174,41 +134,10 @@ pub enum ImportanceSamplingLevel {
     Sequence,
 }
 
-impl ImportanceSamplingLevel {
-    /// The config names, in declaration order.
-    pub const NAMES: &'static [&'static str] = &["token", "sequence"];
-
-    /// The config name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ImportanceSamplingLevel::Token => "token",
-            ImportanceSamplingLevel::Sequence => "sequence",
-        }
-    }
-}
-
-impl fmt::Display for ImportanceSamplingLevel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for ImportanceSamplingLevel {
-    type Err = UnknownVariant;
-
-    /// Parses `"token"` or `"sequence"` (case-insensitive, surrounding spaces ignored).
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "token" => Ok(ImportanceSamplingLevel::Token),
-            "sequence" => Ok(ImportanceSamplingLevel::Sequence),
-            _ => Err(UnknownVariant::new(
-                "importance_sampling_level",
-                s,
-                Self::NAMES,
-            )),
-        }
-    }
-}
+config_names!(ImportanceSamplingLevel, "importance_sampling_level", {
+    Token => "token",
+    Sequence => "sequence",
+});
 
 /// Loss settings (TRL 1.16 names: `epsilon` is `epsilon_low`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -363,7 +292,7 @@ mod tests {
 
     #[test]
     fn names_parse_and_serialise() {
-        for lt in LossType::ALL {
+        for &lt in LossType::ALL {
             assert_eq!(lt.as_str().parse::<LossType>().unwrap(), lt);
             let json = serde_json::to_string(&lt).unwrap();
             assert_eq!(json, format!("\"{lt}\""));

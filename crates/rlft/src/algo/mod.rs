@@ -68,6 +68,48 @@ pub use loss::{
 };
 pub use loss_config::{ImportanceSamplingLevel, LossConfig, LossType};
 
+/// The config names of an enum's variants, in declaration order, and what follows from them:
+/// `NAMES`, `ALL`, `as_str`, `Display`, and a `FromStr` that ignores case and surrounding
+/// spaces and whose error ([`UnknownVariant`]) names config key `$key`, the valid values and
+/// the closest one. The serde names (`rename_all = "snake_case"`) are the same strings.
+macro_rules! config_names {
+    ($ty:ident, $key:literal, { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            /// The config names, in declaration order.
+            pub const NAMES: &'static [&'static str] = &[$($name),+];
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
+
+            /// The config name.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name),+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = $crate::algo::UnknownVariant;
+
+            fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+                let lower = s.trim().to_ascii_lowercase();
+                Self::ALL
+                    .iter()
+                    .copied()
+                    .find(|v| v.as_str() == lower)
+                    .ok_or_else(|| $crate::algo::UnknownVariant::new($key, s, Self::NAMES))
+            }
+        }
+    };
+}
+pub(crate) use config_names;
+
 /// A variant name (`scale_rewards`, `loss_type`) that is not one of the valid ones.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown {key} `{value}`{hint}; valid values: {valid}")]
