@@ -9,55 +9,24 @@ mod common;
 use std::path::Path;
 
 use candle_core::Device;
+use common::assert_same_weights;
+use common::train::{
+    assert_resumes_exactly, batch_and_split, offline_config, run, timeless, use_lora_r4,
+};
 use rlft::config::dpo::{DpoConfig, TruncationMode};
-use rlft::config::{LrSchedulerType, ReportTo, TrainingArgs};
 use rlft::dpo::{pair_logps, prepare, train};
 use rlft::rollout::{completion_logprobs, token_batch};
-use rlft::run::{RunOptions, RunSummary};
-use rlft_model::config::Family;
-use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
+use rlft::run::RunOptions;
 
+/// 48 sum preferences on the tiny model: 12 steps of batch 4 at 1e-3, 16 pairs held out.
 fn setup(dir: &Path) -> DpoConfig {
-    let model = dir.join("model");
-    save_tiny_hf_dir(tiny_config(Family::Qwen2), 1, &model).unwrap();
     let data = dir.join("prefs.jsonl");
     common::write_sum_preferences(&data, 48, false);
-    DpoConfig {
-        args: TrainingArgs {
-            model: model.display().to_string(),
-            output_dir: dir.join("out"),
-            dataset: data,
-            learning_rate: 1e-3,
-            lr_scheduler_type: LrSchedulerType::Constant,
-            per_device_train_batch_size: 4,
-            max_steps: 12,
-            logging_steps: 1,
-            report_to: vec![ReportTo::Jsonl],
-            ..DpoConfig::default().args
-        },
-        eval_size: 16.0,
-        max_length: 64,
-        ..Default::default()
-    }
-}
-
-fn run(cfg: &DpoConfig, opts: &RunOptions) -> (RunSummary, Vec<(String, Vec<f32>)>) {
-    let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
-    let s = train(cfg, &mut p, opts).unwrap();
-    (s, common::weights(&p.policy))
-}
-
-/// Every metric but the wall-clock ones.
-fn timeless(s: &RunSummary) -> Vec<Vec<(String, f64)>> {
-    s.steps
-        .iter()
-        .map(|m| {
-            m.iter()
-                .filter(|(k, _)| k != "tokens_per_s" && !k.starts_with("time/"))
-                .cloned()
-                .collect()
-        })
-        .collect()
+    offline_config(
+        dir,
+        &data,
+        "learning_rate = 1e-3\neval_size = 16.0\nmax_length = 64",
+    )
 }
 
 #[test]
@@ -92,46 +61,18 @@ fn dpo_loss_falls_and_rewards_separate() {
 
 #[test]
 fn same_seed_same_metrics_and_resume_equals_uninterrupted() {
-    let (a, b, c) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
-    let (sa, wa) = run(&setup(a.path()), &RunOptions::default());
+    let [a, b, c] = common::tempdirs();
+    let (sa, wa, sc) = assert_resumes_exactly(&setup(a.path()), &setup(c.path()), 5, "resume");
+    assert_eq!(timeless(&sc), timeless(&sa)[5..]);
     let (sb, wb) = run(&setup(b.path()), &RunOptions::default());
     assert_eq!(timeless(&sa), timeless(&sb));
     common::assert_same_bits(&wa, &wb, "same seed");
-    let cfg_c = setup(c.path());
-    let stop = RunOptions {
-        stop_after: Some(5),
-        ..Default::default()
-    };
-    assert_eq!(run(&cfg_c, &stop).0.global_step, 5);
-    let resume = RunOptions {
-        resume: true,
-        ..Default::default()
-    };
-    let (sc, wc) = run(&cfg_c, &resume);
-    assert_eq!(sc.global_step, 12);
-    assert_eq!(timeless(&sc), timeless(&sa)[5..]);
-    common::assert_same_bits(&wa, &wc, "resume");
 }
 
 #[test]
 fn batch_times_accumulation_is_invariant_and_precompute_equals_per_step() {
-    let (a, b, c) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
-    let mut cfg_a = setup(a.path());
-    cfg_a.args.max_steps = 3;
-    cfg_a.args.adam_epsilon = 1e-6; // see tests/sft.rs: rounding noise of near-zero gradients
-    let mut cfg_b = setup(b.path());
-    cfg_b.args.max_steps = 3;
-    cfg_b.args.adam_epsilon = 1e-6;
-    cfg_b.args.per_device_train_batch_size = 1;
-    cfg_b.args.gradient_accumulation_steps = 4;
+    let [a, b, c] = common::tempdirs();
+    let (cfg_a, cfg_b) = batch_and_split(setup(a.path()), b.path());
     let mut cfg_c = cfg_a.clone();
     cfg_c.args.output_dir = c.path().join("out");
     cfg_c.precompute_ref_log_probs = true;
@@ -145,23 +86,14 @@ fn batch_times_accumulation_is_invariant_and_precompute_equals_per_step() {
         "rewards/chosen",
         "logps/rejected",
     ] {
-        for (x, y) in sa.step_values(key).iter().zip(&sb.step_values(key)) {
-            assert!((x - y).abs() < 1e-5 * (1.0 + x.abs()), "{key}: {x} vs {y}");
-        }
-        for (x, y) in sa.step_values(key).iter().zip(&sc.step_values(key)) {
-            assert!((x - y).abs() < 1e-5 * (1.0 + x.abs()), "{key}: {x} vs {y}");
+        for other in [&sb, &sc] {
+            for (x, y) in sa.step_values(key).iter().zip(&other.step_values(key)) {
+                assert!((x - y).abs() < 1e-5 * (1.0 + x.abs()), "{key}: {x} vs {y}");
+            }
         }
     }
     let tol = 2.0 * 3.0 * cfg_a.args.learning_rate as f32;
-    for ((n, x), (_, y)) in wa.iter().zip(&wb) {
-        let d = x
-            .iter()
-            .zip(y)
-            .map(|(p, q)| (p - q).abs())
-            .fold(0f32, f32::max);
-        let limit = if n.contains("k_proj.bias") { tol } else { 1e-5 };
-        assert!(d < limit, "{n}: {d}");
-    }
+    assert_same_weights(&wa, &wb, tol, "batch x accumulation");
     assert_eq!(wa.len(), wc.len());
 }
 
@@ -195,25 +127,20 @@ fn the_shared_prompt_pass_equals_plain_rows() {
 fn lora_trains_adapters_against_the_base() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = setup(dir.path());
-    cfg.args.use_peft = true;
-    cfg.args.lora.r = 4;
+    use_lora_r4(&mut cfg.args);
     cfg.args.lora.lora_alpha = 8.0;
     cfg.args.learning_rate = 3e-3;
     cfg.args.max_steps = 16;
     cfg.loss_type = vec!["ipo".parse().unwrap(), "apo_zero".parse().unwrap()];
     cfg.loss_weights = Some(vec![1.0, 0.5]);
     let (s, w) = run(&cfg, &RunOptions::default());
-    assert!(w.iter().all(|(n, _)| n.contains("lora_")), "LoRA only");
+    common::assert_lora_only(&w);
     let l = s.step_values("loss");
     assert!(l.iter().all(|x| x.is_finite()));
     // The first step's policy is the base (B = 0): rewards are 0.
     assert!(s.step_values("rewards/chosen")[0].abs() < 1e-6);
     assert!(s.final_metric("eval_loss").unwrap() < s.initial_metric("eval_loss").unwrap());
-    assert!(cfg
-        .args
-        .output_dir
-        .join("adapter/adapter_config.json")
-        .exists());
+    common::assert_adapter_exported(&cfg.args.output_dir);
 }
 
 fn prepare_err(cfg: &DpoConfig) -> String {

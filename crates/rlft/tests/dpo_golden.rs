@@ -4,52 +4,14 @@
 //! (`loss_weights`), the gradients with respect to the per-token log-probs, and the logged
 //! `rewards/*` and `logps/*` statistics.
 
+mod common;
+
 use candle_core::{DType, Device, Tensor, Var};
+use common::golden::{f64s, load, padded, rows, scalar, vec1};
 use rlft::algo::dpo_loss::{
     dpo_loss, sequence_logps, DpoLogps, DpoLossConfig, DpoLossType, DpoStats,
 };
 use serde_json::Value;
-
-fn golden() -> Value {
-    let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/dpo_golden.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn vec1(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
-fn rows(v: &Value) -> Vec<Vec<f64>> {
-    v.as_array().unwrap().iter().map(vec1).collect()
-}
-
-/// Ragged rows padded to `[N, T]` with their mask, in `dtype`.
-fn padded(rows: &[Vec<f64>], dtype: DType) -> (Tensor, Tensor) {
-    let t = rows.iter().map(Vec::len).max().unwrap();
-    let (mut x, mut m) = (Vec::new(), Vec::new());
-    for r in rows {
-        for j in 0..t {
-            x.push(r.get(j).copied().unwrap_or(0.0));
-            m.push(if j < r.len() { 1.0 } else { 0.0 });
-        }
-    }
-    let d = Device::Cpu;
-    let f = |v: Vec<f64>| {
-        Tensor::from_vec(v, (rows.len(), t), &d)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap()
-    };
-    (f(x), f(m))
-}
-
-fn f64s(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64).unwrap().to_vec1().unwrap()
-}
 
 fn close(got: &[f64], want: &[f64], tol: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
@@ -113,11 +75,7 @@ fn run(g: &Value, cfg: &DpoLossConfig, dtype: DType) -> Got {
         (&logps.0, &logps.1),
     );
     Got {
-        loss: loss
-            .to_dtype(DType::F64)
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap(),
+        loss: scalar(&loss),
         grad_chosen: first_col(&vc),
         grad_rejected: first_col(&vr),
         logps,
@@ -143,7 +101,7 @@ fn config(case: &Value) -> DpoLossConfig {
 
 #[test]
 fn every_loss_type_matches_trl() {
-    let g = golden();
+    let g: Value = load("dpo_golden.json");
     let cases = g["cases"].as_array().unwrap();
     let mut seen = std::collections::HashSet::new();
     for case in cases {
@@ -189,7 +147,7 @@ fn every_loss_type_matches_trl() {
 fn split_pairs_sum_to_the_whole() {
     // The per-pair losses of a pair-wise type do not depend on their batch neighbours, so a
     // trainer's sum over micro-batches / all pairs equals the mean over the step.
-    let g = golden();
+    let g: Value = load("dpo_golden.json");
     let cfg = DpoLossConfig {
         losses: vec![(DpoLossType::Sigmoid, 0.7), (DpoLossType::Ipo, 0.3)],
         ..Default::default()

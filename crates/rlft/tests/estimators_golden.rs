@@ -4,7 +4,10 @@
 //! REINFORCE++-baseline, GAE (with and without `whiten_rewards`), RLOO's sequence loss and
 //! PPO's clipped value loss with their gradients, and dynamic sampling's group filter.
 
-use candle_core::{Device, Tensor, Var};
+mod common;
+
+use candle_core::{DType, Device, Tensor, Var};
+use common::golden::{load, padded, rows, vec1};
 use rlft::algo::estimators::{approx_kl, groups_with_signal, token_kl};
 use rlft::algo::rloo_loss::{rloo_loss, RlooLossInputs};
 use rlft::algo::value_loss::{value_loss, ValueLossInputs};
@@ -12,26 +15,6 @@ use rlft::algo::{estimate, Estimate, Estimator, EstimatorConfig, EstimatorInputs
 use serde_json::Value;
 
 const TOL: f64 = 1e-10;
-
-fn golden() -> Value {
-    let p = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/estimators_golden.json"
-    );
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn vec1(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
-
-fn rows(v: &Value) -> Vec<Vec<f64>> {
-    v.as_array().unwrap().iter().map(vec1).collect()
-}
 
 fn close(got: &[f64], want: &[f64], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
@@ -47,34 +30,22 @@ fn close_rows(got: &[Vec<f64>], want: &[Vec<f64>], what: &str) {
     }
 }
 
-/// Ragged rows padded to `[N, T]` with a mask.
-fn padded(rows: &[Vec<f64>]) -> (Tensor, Tensor) {
-    let t = rows.iter().map(Vec::len).max().unwrap();
-    let (mut x, mut m) = (Vec::new(), Vec::new());
-    for r in rows {
-        for j in 0..t {
-            x.push(r.get(j).copied().unwrap_or(0.0));
-            m.push(if j < r.len() { 1.0 } else { 0.0 });
-        }
-    }
-    let n = rows.len();
-    (
-        Tensor::from_vec(x, (n, t), &Device::Cpu).unwrap(),
-        Tensor::from_vec(m, (n, t), &Device::Cpu).unwrap(),
-    )
-}
-
-fn unpad(x: &Tensor, like: &[Vec<f64>]) -> Vec<Vec<f64>> {
-    let v: Vec<Vec<f64>> = x.to_vec2().unwrap();
-    v.iter()
+/// The gradient of `loss` with respect to `x` (ragged rows padded: cut back to the lengths of
+/// `like`) against the golden rows `want`.
+fn close_grad(loss: &Tensor, x: &Var, like: &[Vec<f64>], want: &Value) {
+    let grads = loss.backward().unwrap();
+    let padded: Vec<Vec<f64>> = grads.get(x).unwrap().to_vec2().unwrap();
+    let got: Vec<Vec<f64>> = padded
+        .iter()
         .zip(like)
         .map(|(r, l)| r[..l.len()].to_vec())
-        .collect()
+        .collect();
+    close_rows(&got, &rows(want), "grad");
 }
 
 #[test]
 fn kl_estimators() {
-    let g = golden();
+    let g: Value = load("estimators_golden.json");
     let (old, reference) = (rows(&g["old"]), rows(&g["ref"]));
     for (name, est) in [
         ("k1", KlEstimator::K1),
@@ -97,7 +68,7 @@ fn kl_estimators() {
 
 #[test]
 fn advantages_of_every_estimator() {
-    let g = golden();
+    let g: Value = load("estimators_golden.json");
     let scores = vec1(&g["scores"]);
     let lens: Vec<usize> = vec1(&g["lens"]).iter().map(|&x| x as usize).collect();
     let (old, reference, values) = (rows(&g["old"]), rows(&g["ref"]), rows(&g["values"]));
@@ -184,11 +155,11 @@ fn py(b: bool) -> &'static str {
 
 #[test]
 fn rloo_sequence_loss_and_gradient() {
-    let g = golden();
+    let g: Value = load("estimators_golden.json");
     let c = &g["rloo_loss"];
     let logp_rows = rows(&c["logp"]);
-    let (logp, mask) = padded(&logp_rows);
-    let (old, _) = padded(&rows(&g["old"]));
+    let (logp, mask) = padded(&logp_rows, DType::F64);
+    let (old, _) = padded(&rows(&g["old"]), DType::F64);
     let adv = Tensor::new(vec1(&c["advantages"]), &Device::Cpu).unwrap();
     let v = Var::from_tensor(&logp).unwrap();
     let out = rloo_loss(&RlooLossInputs {
@@ -215,22 +186,17 @@ fn rloo_sequence_loss_and_gradient() {
         ],
         "clip",
     );
-    let grads = out.loss.backward().unwrap();
-    close_rows(
-        &unpad(grads.get(&v).unwrap(), &logp_rows),
-        &rows(&c["grad"]),
-        "grad",
-    );
+    close_grad(&out.loss, &v, &logp_rows, &c["grad"]);
 }
 
 #[test]
 fn clipped_value_loss_and_gradient() {
-    let g = golden();
+    let g: Value = load("estimators_golden.json");
     let c = &g["value_loss"];
     let v_rows = rows(&c["values"]);
-    let (v, mask) = padded(&v_rows);
-    let (old, _) = padded(&rows(&g["values"]));
-    let (ret, _) = padded(&rows(&c["returns"]));
+    let (v, mask) = padded(&v_rows, DType::F64);
+    let (old, _) = padded(&rows(&g["values"]), DType::F64);
+    let (ret, _) = padded(&rows(&c["returns"]), DType::F64);
     let var = Var::from_tensor(&v).unwrap();
     let out = value_loss(&ValueLossInputs {
         values: var.as_tensor(),
@@ -246,17 +212,12 @@ fn clipped_value_loss_and_gradient() {
         &[c["loss"].as_f64().unwrap(), c["clipfrac"].as_f64().unwrap()],
         "value loss",
     );
-    let grads = out.loss.backward().unwrap();
-    close_rows(
-        &unpad(grads.get(&var).unwrap(), &v_rows),
-        &rows(&c["grad"]),
-        "grad",
-    );
+    close_grad(&out.loss, &var, &v_rows, &c["grad"]);
 }
 
 #[test]
 fn dynamic_sampling_filter() {
-    let g = golden();
+    let g: Value = load("estimators_golden.json");
     let keep: Vec<bool> = g["filter_groups"]["keep"]
         .as_array()
         .unwrap()

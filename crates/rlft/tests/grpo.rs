@@ -14,7 +14,8 @@ use rlft::online::prepare;
 use rlft::run::RunOptions;
 
 use common::assert_same_bits;
-use common::online::{config, max_diff, metric, run};
+use common::online::{assert_finite_metrics, assert_same_run, config, max_diff, metric, run};
+use common::train::assert_resumes_exactly;
 
 #[test]
 fn smoke_run_writes_everything_and_is_deterministic() {
@@ -23,7 +24,7 @@ fn smoke_run_writes_everything_and_is_deterministic() {
     let (s, w) = run(&cfg, &RunOptions::default());
     assert_eq!(s.global_step, 3);
     assert_eq!(s.steps.len(), 3);
-    for key in [
+    let keys = [
         "loss",
         "reward",
         "reward_std",
@@ -38,10 +39,8 @@ fn smoke_run_writes_everything_and_is_deterministic() {
         "learning_rate",
         "time/generate",
         "time/update",
-    ] {
-        let v = metric(&s, 0, key);
-        assert!(v.is_finite(), "{key} = {v}");
-    }
+    ];
+    assert_finite_metrics(&s, 0, &keys, "smoke");
     // The rewards vary within groups, so the update is not trivially zero.
     assert!(metric(&s, 0, "reward_std") > 0.0 && metric(&s, 0, "grad_norm") > 0.0);
     let out = &cfg.args.output_dir;
@@ -97,26 +96,14 @@ fn batch_times_accumulation_is_invariant() {
 #[test]
 fn resume_equals_uninterrupted() {
     let extra = "max_steps = 4\nnum_iterations = 2\nbeta = 0.04\nsave_steps = 2";
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), extra);
-    let (full, w_full) = run(&cfg, &RunOptions::default());
-    let dir2 = tempfile::tempdir().unwrap();
-    let cfg2 = config(dir2.path(), extra);
-    let stop = RunOptions {
-        stop_after: Some(2),
-        ..Default::default()
-    };
-    let (part, _) = run(&cfg2, &stop);
-    assert_eq!(part.global_step, 2);
-    let (rest, w_rest) = run(
+    let [dir, dir2] = common::tempdirs();
+    let cfg2: OnlineConfig = config(dir2.path(), extra);
+    let (full, _, rest) = assert_resumes_exactly(
+        &config::<OnlineConfig>(dir.path(), extra),
         &cfg2,
-        &RunOptions {
-            resume: true,
-            ..Default::default()
-        },
+        2,
+        "resume",
     );
-    assert_eq!(rest.global_step, 4);
-    assert_same_bits(&w_full, &w_rest, "resume");
     assert_eq!(metric(&full, 3, "loss"), metric(&rest, 1, "loss"));
     let lines = std::fs::read_to_string(cfg2.args.output_dir.join("metrics.jsonl")).unwrap();
     let steps: Vec<u64> = lines
@@ -136,104 +123,72 @@ fn lora_with_kl_trains_adapters_only() {
         "use_peft = true\nbeta = 0.1\nlearning_rate = 1e-2\n[lora]\nr = 4\nlora_alpha = 8\ntarget_modules = [\"q_proj\", \"v_proj\"]",
     );
     let (s, w) = run(&cfg, &RunOptions::default());
-    assert!(
-        w.iter().all(|(n, _)| n.contains("lora_")),
-        "{:?}",
-        w.iter().map(|x| &x.0).collect::<Vec<_>>()
-    );
+    common::assert_lora_only(&w);
     // Step 1 starts at the base model: KL exactly 0; later steps drift.
     assert_eq!(metric(&s, 0, "kl"), 0.0);
     assert!(metric(&s, 2, "kl") > 0.0);
-    assert!(cfg
-        .args
-        .output_dir
-        .join("adapter/adapter_config.json")
-        .exists());
+    common::assert_adapter_exported(&cfg.args.output_dir);
+}
+
+/// `prepare`'s error for `cfg` (it must fail).
+fn prepare_err(cfg: &OnlineConfig) -> String {
+    prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string()
 }
 
 #[test]
 fn bad_inputs_fail_with_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg: OnlineConfig = config(dir.path(), "");
-    // A reward reading a column the data lacks.
-    let text = format!(
-        "model = \"{}\"\ndataset = \"{}\"\n[[rewards]]\ntype = \"boxed_accuracy\"\nanswer_field = \"solution\"\n",
-        cfg.args.model,
-        cfg.args.dataset.display()
-    );
-    let bad = OnlineConfig::from_table(text.parse().unwrap(), "t").unwrap();
-    let e = prepare(&bad, Path::new(&bad.args.model), &Device::Cpu)
-        .err()
-        .unwrap()
-        .to_string();
-    assert!(e.contains("solution"), "{e}");
-    // An external reward that prints garbage, or crashes: the error names the reward.
-    for (script, expect) in [
-        ("while read l; do echo garbage; done", "garbage"),
-        ("read l; exit 3", "exit"),
-    ] {
+    // The tiny run with one reward (a TOML `[[rewards]]` table's keys).
+    let with_reward = |reward: &str| -> OnlineConfig {
         let text = format!(
-            "model = \"{}\"\ndataset = \"{}\"\n[[rewards]]\ntype = \"command\"\nname = \"ext\"\ncommand = [\"sh\", \"-c\", \"{script}\"]\ntimeout_s = 5\n",
+            "model = \"{}\"\ndataset = \"{}\"\n[[rewards]]\n{reward}\n",
             cfg.args.model,
             cfg.args.dataset.display()
         );
-        let bad = OnlineConfig::from_table(text.parse().unwrap(), "t").unwrap();
-        let e = prepare(&bad, Path::new(&bad.args.model), &Device::Cpu)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(e.contains("ext") && e.contains(expect), "{e}");
+        OnlineConfig::from_table(text.parse().unwrap(), "t").unwrap()
+    };
+    let external = |script: &str| {
+        format!("type = \"command\"\nname = \"ext\"\ncommand = [\"sh\", \"-c\", \"{script}\"]\ntimeout_s = 5")
+    };
+    // A reward reading a column the data lacks; an external reward that prints garbage, or
+    // crashes: the error names the column or the reward.
+    for (reward, expect) in [
+        (
+            "type = \"boxed_accuracy\"\nanswer_field = \"solution\"".to_string(),
+            &["solution"][..],
+        ),
+        (
+            external("while read l; do echo garbage; done"),
+            &["ext", "garbage"],
+        ),
+        (external("read l; exit 3"), &["ext", "exit"]),
+    ] {
+        let e = prepare_err(&with_reward(&reward));
+        assert!(expect.iter().all(|x| e.contains(x)), "{e}");
     }
     // The prompt column is missing.
     cfg.rollout.prompt_column = "question".into();
-    let e = prepare(&cfg, Path::new(&cfg.args.model), &Device::Cpu)
-        .err()
-        .unwrap()
-        .to_string();
+    let e = prepare_err(&cfg);
     assert!(e.contains("prompt_column"), "{e}");
 }
 
 #[test]
 fn shared_prompt_pass_equals_plain_rows() {
     let extra = "beta = 0.04\nnum_iterations = 2";
-    let dir = tempfile::tempdir().unwrap();
-    let (a, wa) = run(&config(dir.path(), extra), &RunOptions::default());
-    let dir2 = tempfile::tempdir().unwrap();
     let plain = format!("{extra}\nshare_prompts = false");
-    let (b, wb) = run(&config(dir2.path(), &plain), &RunOptions::default());
-    for step in 0..3 {
-        for key in ["loss", "kl", "grad_norm"] {
-            let (x, y) = (metric(&a, step, key), metric(&b, step, key));
-            assert!(
-                (x - y).abs() <= 1e-5 * y.abs().max(1.0),
-                "{key} step {step}: {x} vs {y}"
-            );
-        }
-    }
-    let d = max_diff(&wa, &wb);
-    assert!(d < 1e-4, "weights differ by {d}");
+    assert_same_run(&plain, extra, "shared prompt pass");
 }
 
 #[test]
 fn gradient_checkpointing_equals_keeping_activations() {
     // Shared prompt stream and plain rows; full fine-tuning with a KL term.
     for extra in ["beta = 0.04", "beta = 0.04\nshare_prompts = false"] {
-        let dir = tempfile::tempdir().unwrap();
-        let (a, wa) = run(&config(dir.path(), extra), &RunOptions::default());
-        let dir2 = tempfile::tempdir().unwrap();
         let ckpt = format!("{extra}\ngradient_checkpointing = true");
-        let (b, wb) = run(&config(dir2.path(), &ckpt), &RunOptions::default());
-        for step in 0..3 {
-            for key in ["loss", "kl", "grad_norm"] {
-                let (x, y) = (metric(&b, step, key), metric(&a, step, key));
-                assert!(
-                    (x - y).abs() <= 1e-5 * y.abs().max(1.0),
-                    "{extra}: {key} step {step}: {x} vs {y}"
-                );
-            }
-        }
-        let d = max_diff(&wa, &wb);
-        assert!(d < 1e-4, "{extra}: weights differ by {d}");
+        assert_same_run(extra, &ckpt, extra);
     }
 }
 
@@ -243,9 +198,7 @@ fn bf16_weights_train_with_f32_loss_maths() {
     let cfg = config(dir.path(), "bf16 = true\nbeta = 0.04");
     let (s, w) = run(&cfg, &RunOptions::default());
     assert_eq!(s.global_step, 3);
-    for key in ["loss", "kl", "grad_norm", "reward"] {
-        assert!(metric(&s, 2, key).is_finite(), "{key}");
-    }
+    assert_finite_metrics(&s, 2, &["loss", "kl", "grad_norm", "reward"], "bf16");
     assert!(w.iter().all(|(_, v)| v.iter().all(|x| x.is_finite())));
 }
 

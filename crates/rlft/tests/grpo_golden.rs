@@ -15,7 +15,10 @@
 //!   f64 (1e-10), the loop version in f64 (1e-10);
 //! - `torch.quantile` of f32 values (the entropy threshold), bit for bit.
 
+mod common;
+
 use candle_core::{DType, Device, Tensor, Var};
+use common::golden::{f64_rows, scalar};
 use rlft::algo::entropy_mask::quantile_f32;
 use rlft::algo::loop_ref::{
     advantages_loop, grpo_loss_loop, multi_reward_advantages_loop, LoopLossInputs,
@@ -113,12 +116,7 @@ struct LossCase {
 }
 
 fn golden() -> Golden {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/grpo_loss_golden.json"
-    );
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_json::from_str(&text).unwrap()
+    common::golden::load("grpo_loss_golden.json")
 }
 
 /// Records the largest `|a - b|` and fails past `tol * max(1, |b|)`.
@@ -289,21 +287,9 @@ fn candle_vs_golden(dtype: DType, tol: f64) -> (f64, f64, f64) {
             &config(c, inp),
         )
         .unwrap();
-        let loss = out
-            .loss
-            .to_dtype(DType::F64)
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap();
-        dl.check(loss, c.loss, tol, &format!("{what} loss"));
+        dl.check(scalar(&out.loss), c.loss, tol, &format!("{what} loss"));
         let grads = out.loss.backward().unwrap();
-        let grad = grads
-            .get(logp.as_tensor())
-            .unwrap()
-            .to_dtype(DType::F64)
-            .unwrap()
-            .to_vec2::<f64>()
-            .unwrap();
+        let grad = f64_rows(grads.get(logp.as_tensor()).unwrap());
         for (a, b) in grad.iter().flatten().zip(c.grad_logp.iter().flatten()) {
             dg.check(*a, *b, tol, &format!("{what} grad"));
         }

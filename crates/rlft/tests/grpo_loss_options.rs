@@ -8,55 +8,11 @@ mod common;
 use std::path::Path;
 
 use candle_core::Device;
+use common::online::{config_with_rewards as config, try_metric as metric, DIGIT};
 use rlft::config::online::OnlineConfig;
 use rlft::config::TrainerConfig;
 use rlft::online::{prepare, train, OnlineSummary};
 use rlft::run::RunOptions;
-use rlft_model::config::Family;
-use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
-
-/// A tiny-model GRPO config (as `tests/grpo.rs`'s) with `rewards` (TOML `[[rewards]]` tables),
-/// `extra` keys overriding the base ones.
-fn config(dir: &Path, extra: &str, rewards: &str) -> OnlineConfig {
-    let model = dir.join("model");
-    if !model.exists() {
-        save_tiny_hf_dir(tiny_config(Family::Qwen2), 1, &model).unwrap();
-    }
-    let data = dir.join("prompts.jsonl");
-    if !data.exists() {
-        common::write_sums(&data, 16, "answer");
-    }
-    let text = format!(
-        r#"
-model = "{}"
-output_dir = "{}"
-dataset = "{}"
-max_prompt_length = 64
-max_completion_length = 8
-num_generations = 4
-per_device_train_batch_size = 8
-gradient_accumulation_steps = 1
-learning_rate = 3e-3
-lr_scheduler_type = "constant"
-max_steps = 3
-report_to = ["jsonl"]
-seed = 5
-temperature = 30.0
-{rewards}
-"#,
-        model.display(),
-        dir.join("out").display(),
-        data.display()
-    );
-    // `extra` (TOML) overrides the base keys.
-    let mut table: toml::Table = text.parse().unwrap();
-    for (k, v) in extra.parse::<toml::Table>().unwrap() {
-        table.insert(k, v);
-    }
-    OnlineConfig::from_table(table, "test.toml").unwrap()
-}
-
-const DIGIT: &str = "[[rewards]]\ntype = \"regex_format\"\nname = \"digit\"\npattern = \"[a-z]\"\n";
 
 /// Trains `cfg`; returns the summary and the largest weight change.
 fn train_and_diff(cfg: &OnlineConfig) -> (OnlineSummary, f32) {
@@ -72,17 +28,10 @@ fn train_and_diff(cfg: &OnlineConfig) -> (OnlineSummary, f32) {
     (s, moved)
 }
 
-fn metric(s: &OnlineSummary, step: usize, key: &str) -> Option<f64> {
-    s.steps[step]
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| *v)
-}
-
 #[test]
 fn gspo_cispo_with_kl_and_entropy_mask_trains() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(
+    let cfg: OnlineConfig = config(
         dir.path(),
         "importance_sampling_level = \"sequence\"\nloss_type = \"cispo\"\nepsilon_high = 5.0\n\
          num_iterations = 2\nbeta = 0.04\ntop_entropy_quantile = 0.5",
@@ -129,7 +78,7 @@ fn sapo_delta_and_normalize_then_sum_train() {
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = config(dir.path(), extra, rewards);
+        let cfg: OnlineConfig = config(dir.path(), extra, rewards);
         assert!(cfg.warnings().is_empty(), "{extra}");
         let (s, moved) = train_and_diff(&cfg);
         assert!(moved > 0.0, "{extra}: the weights did not move");
@@ -165,7 +114,7 @@ fn null_rewards_get_no_advantage_and_stay_out_of_the_mean() {
          timeout_s = 30\n",
         script.display()
     );
-    let cfg = config(
+    let cfg: OnlineConfig = config(
         dir.path(),
         "max_steps = 4\nnum_completions_to_log = 2",
         &rewards,
@@ -205,7 +154,7 @@ fn null_rewards_get_no_advantage_and_stay_out_of_the_mean() {
 #[test]
 fn conflicting_options_fail_with_the_fix() {
     let dir = tempfile::tempdir().unwrap();
-    config(dir.path(), "", DIGIT); // writes the model and data
+    config::<OnlineConfig>(dir.path(), "", DIGIT); // writes the model and data
     let bad = |extra: &str| -> String {
         let text = format!("model = \"m\"\ndataset = \"d.jsonl\"\n{extra}\n{DIGIT}",);
         OnlineConfig::from_table(text.parse().unwrap(), "t.toml")
@@ -213,18 +162,20 @@ fn conflicting_options_fail_with_the_fix() {
             .unwrap_or_else(|| panic!("{extra} should fail"))
             .to_string()
     };
-    let e = bad("loss_type = \"cispo\"");
-    assert!(e.contains("epsilon_high = 5.0"), "{e}");
-    let e = bad("loss_type = \"sapo\"\ndelta = 2.0");
-    assert!(e.contains("Unset delta"), "{e}");
-    let e = bad("delta = 0.9");
-    assert!(e.contains("must be > 1"), "{e}");
-    let e = bad("top_entropy_quantile = 1.2");
-    assert!(e.contains("[0, 1]"), "{e}");
-    let e = bad("multi_objective_aggregation = \"normalize_then_sum\"\nscale_rewards = \"none\"");
-    assert!(e.contains("remove scale_rewards"), "{e}");
-    let e = bad("importance_sampling_level = \"sequnce\"");
-    assert!(e.contains("sequence"), "{e}");
-    let e = bad("loss_type = \"gspo\"");
-    assert!(e.contains("cispo") && e.contains("sapo"), "{e}");
+    // Each setting and what its error must say (every part).
+    for (extra, fix) in [
+        ("loss_type = \"cispo\"", &["epsilon_high = 5.0"][..]),
+        ("loss_type = \"sapo\"\ndelta = 2.0", &["Unset delta"]),
+        ("delta = 0.9", &["must be > 1"]),
+        ("top_entropy_quantile = 1.2", &["[0, 1]"]),
+        (
+            "multi_objective_aggregation = \"normalize_then_sum\"\nscale_rewards = \"none\"",
+            &["remove scale_rewards"],
+        ),
+        ("importance_sampling_level = \"sequnce\"", &["sequence"]),
+        ("loss_type = \"gspo\"", &["cispo", "sapo"]),
+    ] {
+        let e = bad(extra);
+        assert!(fix.iter().all(|f| e.contains(f)), "{e}");
+    }
 }

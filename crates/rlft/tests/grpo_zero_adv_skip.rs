@@ -12,14 +12,13 @@ mod common;
 use std::path::Path;
 
 use candle_core::Device;
-use common::assert_same_bits;
 use common::online::{config, metric};
+use common::train::two_legs;
+use common::{assert_same_bits, Weights};
 use rlft::config::online::OnlineConfig;
 use rlft::online::{prepare, train, train_scoring_every_row, OnlineSummary};
 use rlft::run::RunOptions;
 use rlft_rewards::{Reward, RewardError, RewardOutput, RewardSet, Sample};
-
-type Weights = Vec<(String, Vec<f32>)>;
 
 /// How a completion is scored.
 #[derive(Clone, Copy)]
@@ -87,6 +86,20 @@ fn run(
     (s, common::weights(&p.policy))
 }
 
+/// Trains [`cfg`] with `extra` and `scoring` twice, each in a fresh directory: leaving
+/// zero-advantage rows out, then scoring every row.
+fn skipping_and_not(
+    extra: &str,
+    scoring: Scoring,
+) -> ((OnlineSummary, Weights), (OnlineSummary, Weights)) {
+    let [d1, d2] = common::tempdirs();
+    let opts = RunOptions::default();
+    (
+        run(&cfg(d1.path(), extra), scoring, true, &opts),
+        run(&cfg(d2.path(), extra), scoring, false, &opts),
+    )
+}
+
 /// Groups of 4 in micro-batches of 3 (a group straddles two), 3 groups per optimiser step, 6
 /// per rollout used twice (`num_iterations = 2`: the second pass has ratios off 1, so clipping
 /// happens): 4 steps, micro-batches that lose some rows and micro-batches that vanish.
@@ -123,20 +136,7 @@ fn max_rel_diff(a: &Weights, b: &Weights) -> f64 {
 /// skipped, in vanished micro-batches and beside scored rows, and not all. Returns the
 /// skipping run's summary.
 fn assert_same_run(what: &str, extra: &str) -> OnlineSummary {
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let opts = RunOptions::default();
-    let (skip, ws) = run(
-        &cfg(d1.path(), extra),
-        Scoring::PromptDependent,
-        true,
-        &opts,
-    );
-    let (full, wf) = run(
-        &cfg(d2.path(), extra),
-        Scoring::PromptDependent,
-        false,
-        &opts,
-    );
+    let ((skip, ws), (full, wf)) = skipping_and_not(extra, Scoring::PromptDependent);
     assert_eq!(skip.global_step, 4, "{what}");
     let (mut skipped, mut vanished) = (0.0, 0.0);
     for step in 0..4 {
@@ -235,21 +235,8 @@ fn skip_counts_are_the_zero_std_groups() {
 /// they are computed, bit for bit.
 #[test]
 fn steps_without_signal_still_step_adamw_exactly() {
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let extra = "num_iterations = 1\nmax_steps = 6\n";
-    let opts = RunOptions::default();
-    let (s, ws) = run(
-        &cfg(d1.path(), extra),
-        Scoring::SignalOnlyFirst,
-        true,
-        &opts,
-    );
-    let (f, wf) = run(
-        &cfg(d2.path(), extra),
-        Scoring::SignalOnlyFirst,
-        false,
-        &opts,
-    );
+    let ((s, ws), (f, wf)) = skipping_and_not(extra, Scoring::SignalOnlyFirst);
     assert_eq!(metric(&s, 0, "skipped_zero_adv_rows"), 0.0);
     for step in 2..6 {
         assert_eq!(metric(&s, step, "skipped_zero_adv_rows"), 12.0);
@@ -260,10 +247,8 @@ fn steps_without_signal_still_step_adamw_exactly() {
     assert_eq!(s.skipped_steps, 0);
     assert_same_bits(&ws, &wf, "no-signal steps");
     // The weights kept moving after the signal ended (momentum, weight decay).
-    let (d3, d4) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let two = "num_iterations = 1\nmax_steps = 2\n";
-    let (_, w2) = run(&cfg(d3.path(), two), Scoring::SignalOnlyFirst, true, &opts);
-    let (_, w2f) = run(&cfg(d4.path(), two), Scoring::SignalOnlyFirst, false, &opts);
+    let ((_, w2), (_, w2f)) = skipping_and_not(two, Scoring::SignalOnlyFirst);
     assert_same_bits(&w2, &w2f, "first rollout");
     assert!(max_rel_diff(&w2, &ws) > 0.0, "AdamW did not step");
 }
@@ -289,20 +274,13 @@ fn no_skipping_where_it_would_not_be_exact() {
 
 #[test]
 fn a_run_that_skips_resumes_exactly() {
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let [d1, d2] = common::tempdirs();
     let a = cfg(d1.path(), "num_iterations = 1\n");
     let b = cfg(d2.path(), "num_iterations = 1\n");
     let (_, full) = run(&a, Scoring::PromptDependent, true, &RunOptions::default());
-    let stop = RunOptions {
-        stop_after: Some(2),
-        ..Default::default()
-    };
-    run(&b, Scoring::PromptDependent, true, &stop);
-    let resume = RunOptions {
-        resume: true,
-        ..Default::default()
-    };
-    let (s, resumed) = run(&b, Scoring::PromptDependent, true, &resume);
+    let skipping =
+        |c: &OnlineConfig, opts: &RunOptions| run(c, Scoring::PromptDependent, true, opts);
+    let (_, (s, resumed)) = two_legs(&b, 2, skipping);
     assert_eq!(s.global_step, 4);
     assert!(s.step_values("skipped_zero_adv_rows").iter().sum::<f64>() > 0.0);
     assert_same_bits(&full, &resumed, "resume with skipping");

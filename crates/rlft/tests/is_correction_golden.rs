@@ -3,6 +3,8 @@
 //! TRL `grpo_trainer.py:2660-2709` for the ratio, :2860-2896 for the metrics): every mode,
 //! three clip settings, a masked-out completion and a token the sampler did not score.
 
+mod common;
+
 use rlft::algo::is_correction::{is_weights, IsCorrection};
 use serde::Deserialize;
 
@@ -25,11 +27,7 @@ struct Golden {
 
 #[test]
 fn is_correction_matches_trl() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/is_correction_golden.json"
-    );
-    let g: Golden = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let g: Golden = common::golden::load("is_correction_golden.json");
     let samp: Vec<Vec<f32>> = g
         .sampling
         .iter()

@@ -7,11 +7,12 @@ mod common;
 use std::path::Path;
 
 use candle_core::Device;
-use common::assert_same_bits;
-use common::online::{config, max_diff, metric, run};
+use common::online::{assert_finite_metrics, config, max_diff, metric, run};
+use common::train::{assert_resumes_exactly, two_legs};
+use common::{assert_same_bits, var_values, weights, Weights};
 use rlft::config::online::OnlineConfig;
 use rlft::config::online::{PpoConfig, RlooConfig};
-use rlft::online::{prepare, train};
+use rlft::online::{prepare, train, OnlineSummary};
 use rlft::run::RunOptions;
 
 const ESTIMATORS: [&str; 3] = ["rloo", "reinforce", "reinforce_baseline"];
@@ -23,7 +24,7 @@ fn extra(est: &str, more: &str) -> String {
 #[test]
 fn each_estimator_is_deterministic_and_trains() {
     for est in ESTIMATORS {
-        let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let [d1, d2] = common::tempdirs();
         let a: OnlineConfig = config(d1.path(), &extra(est, ""));
         let b: OnlineConfig = config(d2.path(), &extra(est, ""));
         let (sa, wa) = run(&a, &RunOptions::default());
@@ -52,7 +53,7 @@ fn each_estimator_is_deterministic_and_trains() {
 #[test]
 fn each_estimator_is_split_invariant_and_resumes_exactly() {
     for est in ESTIMATORS {
-        let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let [d1, d2] = common::tempdirs();
         let a: OnlineConfig = config(d1.path(), &extra(est, ""));
         let b: OnlineConfig = config(
             d2.path(),
@@ -74,22 +75,10 @@ fn each_estimator_is_split_invariant_and_resumes_exactly() {
         assert!(d < 1e-4, "{est}: weights differ by {d}");
 
         let more = "max_steps = 4\nnum_iterations = 2\nsave_steps = 2";
-        let (d3, d4) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let [d3, d4] = common::tempdirs();
         let full: OnlineConfig = config(d3.path(), &extra(est, more));
-        let (sf, wf) = run(&full, &RunOptions::default());
         let part: OnlineConfig = config(d4.path(), &extra(est, more));
-        let stop = RunOptions {
-            stop_after: Some(2),
-            ..Default::default()
-        };
-        run(&part, &stop);
-        let resume = RunOptions {
-            resume: true,
-            ..Default::default()
-        };
-        let (sr, wr) = run(&part, &resume);
-        assert_eq!(sr.global_step, 4);
-        assert_same_bits(&wf, &wr, &format!("{est}: resume"));
+        let (sf, _, sr) = assert_resumes_exactly(&full, &part, 2, &format!("{est}: resume"));
         assert_eq!(metric(&sf, 3, "loss"), metric(&sr, 1, "loss"), "{est}");
     }
 }
@@ -123,31 +112,11 @@ fn rloo_command_defaults_and_dynamic_sampling() {
 }
 
 /// A PPO run: the summary, the policy's and the critic's weights.
-#[allow(clippy::type_complexity)]
-fn run_ppo(
-    cfg: &PpoConfig,
-    opts: &RunOptions,
-) -> (
-    rlft::online::OnlineSummary,
-    Vec<(String, Vec<f32>)>,
-    Vec<(String, Vec<f32>)>,
-) {
+fn run_ppo(cfg: &PpoConfig, opts: &RunOptions) -> (OnlineSummary, Weights, Weights) {
     let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
     let s = train(cfg, &mut p, opts).unwrap();
     let critic = p.critic.as_ref().expect("ppo has a critic");
-    let cw = critic
-        .vars
-        .iter()
-        .map(|(n, v)| {
-            let t = v
-                .as_tensor()
-                .flatten_all()
-                .unwrap()
-                .to_dtype(candle_core::DType::F32);
-            (n.clone(), t.unwrap().to_vec1::<f32>().unwrap())
-        })
-        .collect();
-    (s, common::weights(&p.policy), cw)
+    (s, weights(&p.policy), var_values(&critic.vars))
 }
 
 #[test]
@@ -155,18 +124,14 @@ fn ppo_trains_a_critic_resumes_it_and_exports_it() {
     // One rollout = 2 mini-batches x 2 epochs = 4 steps.
     let more = "max_steps = 8\nnum_ppo_epochs = 2\nsave_steps = 4\nnum_generations = 1\n\
                 per_device_train_batch_size = 4\nnum_mini_batches = 2";
-    let (d1, d2, d3) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
+    let [d1, d2, d3] = common::tempdirs();
     let full: PpoConfig = config(d1.path(), more);
     assert_eq!(
         full.estimator.value_model.as_deref(),
         Some(Path::new(&full.args.model))
     );
     let (sf, wf, cf) = run_ppo(&full, &RunOptions::default());
-    for key in [
+    let keys = [
         "loss",
         "value_loss",
         "vf_clipfrac",
@@ -174,10 +139,8 @@ fn ppo_trains_a_critic_resumes_it_and_exports_it() {
         "returns/mean",
         "values/mean",
         "kl",
-    ] {
-        let v = metric(&sf, 0, key);
-        assert!(v.is_finite(), "{key} = {v}");
-    }
+    ];
+    assert_finite_metrics(&sf, 0, &keys, "ppo");
     assert!(metric(&sf, 0, "value_loss") > 0.0);
     // Same seed: same run.
     let same: PpoConfig = config(d3.path(), more);
@@ -187,17 +150,8 @@ fn ppo_trains_a_critic_resumes_it_and_exports_it() {
     assert_same_bits(&cf, &cs, "critic");
     // The critic moved, and resumes exactly with the policy.
     let part: PpoConfig = config(d2.path(), more);
-    let stop = RunOptions {
-        stop_after: Some(4),
-        ..Default::default()
-    };
-    let (_, _, c_mid) = run_ppo(&part, &stop);
+    let ((_, _, c_mid), (sr, wr, cr)) = two_legs(&part, 4, run_ppo);
     assert!(max_diff(&c_mid, &cf) > 0.0, "the critic did not train");
-    let resume = RunOptions {
-        resume: true,
-        ..Default::default()
-    };
-    let (sr, wr, cr) = run_ppo(&part, &resume);
     assert_eq!(sr.global_step, 8);
     assert_same_bits(&wf, &wr, "policy resume");
     assert_same_bits(&cf, &cr, "critic resume");

@@ -6,70 +6,29 @@ mod common;
 
 use std::path::Path;
 
-use candle_core::Device;
 use common::assert_same_bits;
-use common::online::{max_diff, metric};
+use common::online::{max_diff, metric, parse_with, tiny_run_toml};
+use common::train::{assert_resumes_exactly, run};
 use rlft::config::online_dpo::OnlineDpoConfig;
-use rlft::config::TrainerConfig;
-use rlft::online_dpo::{prepare, train};
-use rlft::run::{RunOptions, RunSummary};
-use rlft_model::config::Family;
-use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
+use rlft::run::RunOptions;
 
+/// The tiny online run ([`tiny_run_toml`]) as Online DPO: pairs of 8-token completions, 4
+/// prompts per step, a letter reward; `extra` overrides the base keys.
 fn config(dir: &Path, extra: &str) -> OnlineDpoConfig {
-    let model = dir.join("model");
-    if !model.exists() {
-        save_tiny_hf_dir(tiny_config(Family::Qwen2), 1, &model).unwrap();
-    }
-    let data = dir.join("prompts.jsonl");
-    if !data.exists() {
-        common::write_sums(&data, 16, "answer");
-    }
-    let text = format!(
-        r#"
-model = "{}"
-output_dir = "{}"
-dataset = "{}"
-max_length = 72
-max_new_tokens = 8
-per_device_train_batch_size = 4
-gradient_accumulation_steps = 1
-learning_rate = 3e-3
-lr_scheduler_type = "constant"
-max_steps = 3
-logging_steps = 1
-report_to = ["jsonl"]
-seed = 5
-temperature = 30.0
-
-[[rewards]]
-type = "regex_format"
-name = "letter"
-pattern = "[a-z]"
-"#,
-        model.display(),
-        dir.join("out").display(),
-        data.display()
+    let base = format!(
+        "{}max_length = 72\nmax_new_tokens = 8\nper_device_train_batch_size = 4\n\
+         gradient_accumulation_steps = 1\nlogging_steps = 1\n\n[[rewards]]\n\
+         type = \"regex_format\"\nname = \"letter\"\npattern = \"[a-z]\"\n",
+        tiny_run_toml(dir)
     );
-    let mut table: toml::Table = text.parse().unwrap();
-    for (k, v) in extra.parse::<toml::Table>().unwrap() {
-        table.insert(k, v);
-    }
-    OnlineDpoConfig::from_table(table, "test.toml").unwrap()
-}
-
-fn run(cfg: &OnlineDpoConfig, opts: &RunOptions) -> (RunSummary, Vec<(String, Vec<f32>)>) {
-    let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
-    let s = train(cfg, &mut p, opts).unwrap();
-    let w = common::weights(&p.policy);
-    (s, w)
+    parse_with(&base, extra)
 }
 
 #[test]
 fn first_step_is_the_dpo_loss_at_the_reference_and_runs_repeat() {
     for (loss_type, at_reference) in [("sigmoid", std::f64::consts::LN_2), ("ipo", 25.0)] {
         let extra = format!("loss_type = \"{loss_type}\"\nbeta = 0.1");
-        let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let [d1, d2] = common::tempdirs();
         let (sa, wa) = run(&config(d1.path(), &extra), &RunOptions::default());
         let (sb, wb) = run(&config(d2.path(), &extra), &RunOptions::default());
         // Full fine-tuning: before the first update the policy is its reference, so every
@@ -104,7 +63,7 @@ fn first_step_is_the_dpo_loss_at_the_reference_and_runs_repeat() {
 
 #[test]
 fn split_invariant_and_resumes_exactly() {
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let [d1, d2] = common::tempdirs();
     let a = config(d1.path(), "");
     let b = config(
         d2.path(),
@@ -126,26 +85,13 @@ fn split_invariant_and_resumes_exactly() {
     assert!(d < 3e-4, "weights differ by {d}");
 
     let more = "max_steps = 4\nsave_steps = 2\nuse_peft = true\nbeta = [0.2, 0.05]";
-    let (d3, d4) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (sf, wf) = run(&config(d3.path(), more), &RunOptions::default());
+    let [d3, d4] = common::tempdirs();
     let part = config(d4.path(), more);
-    let stop = RunOptions {
-        stop_after: Some(2),
-        ..Default::default()
-    };
-    run(&part, &stop);
-    let resume = RunOptions {
-        resume: true,
-        ..Default::default()
-    };
-    let (sr, wr) = run(&part, &resume);
-    assert_eq!(sr.global_step, 4);
-    assert_same_bits(&wf, &wr, "resume");
+    let (sf, _, sr) = assert_resumes_exactly(&config(d3.path(), more), &part, 2, "resume");
     assert_eq!(metric(&sf, 3, "loss"), metric(&sr, 1, "loss"));
     // 16 prompts, 4 per step: steps 0-3 are epoch 0 (beta 0.2) and the list's first value.
     assert_eq!(metric(&sf, 0, "beta"), 0.2);
-    let adapter = part.args.output_dir.join("adapter");
-    assert!(adapter.join("adapter_config.json").exists());
+    common::assert_adapter_exported(&part.args.output_dir);
 }
 
 #[test]

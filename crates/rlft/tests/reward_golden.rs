@@ -3,25 +3,12 @@
 //! lines 786-815): the Bradley-Terry loss with and without a margin column and centring, its
 //! gradients with respect to the scores, and the logged statistics.
 
+mod common;
+
 use candle_core::{DType, Device, Tensor, Var};
+use common::golden::{f64s, load, scalar, vec1 as floats};
 use rlft::algo::reward::{pair_losses, PairStats};
 use serde_json::Value;
-
-fn golden() -> Value {
-    let path = format!(
-        "{}/tests/data/reward_loss_golden.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn floats(v: &Value) -> Vec<f64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect()
-}
 
 /// TRL's loss (the mean of the pair losses) and its gradients, in `dtype`.
 fn loss_and_grads(
@@ -40,17 +27,16 @@ fn loss_and_grads(
         .mean_all()
         .unwrap();
     let g = loss.backward().unwrap();
-    let v = |t: &Tensor| -> Vec<f64> { t.to_dtype(DType::F64).unwrap().to_vec1().unwrap() };
     (
-        loss.to_dtype(DType::F64).unwrap().to_scalar().unwrap(),
-        v(g.get(cv.as_tensor()).unwrap()),
-        v(g.get(rv.as_tensor()).unwrap()),
+        scalar(&loss),
+        f64s(g.get(cv.as_tensor()).unwrap()),
+        f64s(g.get(rv.as_tensor()).unwrap()),
     )
 }
 
 #[test]
 fn bradley_terry_loss_matches_trl() {
-    let g = golden();
+    let g: Value = load("reward_loss_golden.json");
     let (c, r) = (floats(&g["chosen"]), floats(&g["rejected"]));
     for (i, case) in g["cases"].as_array().unwrap().iter().enumerate() {
         let m = case["margin_column"]

@@ -7,43 +7,25 @@ mod common;
 use std::path::Path;
 
 use candle_core::Device;
+use common::assert_same_weights;
+use common::train::{
+    assert_resumes_exactly, batch_and_split, offline_config, run, timeless, use_lora_r4,
+};
 use rlft::config::reward::RewardConfig;
-use rlft::config::{LrSchedulerType, ReportTo, TrainingArgs};
 use rlft::reward_model::{prepare, train};
-use rlft::run::{RunOptions, RunSummary};
-use rlft_model::config::Family;
+use rlft::run::RunOptions;
 use rlft_model::load::LoadOptions;
 use rlft_model::score::{load_score_model, sequence_scores, ScoreBatch};
-use rlft_model::tiny::{save_tiny_hf_dir, tiny_config};
 
+/// 48 sum preferences on the tiny model: 12 steps of batch 4 at 3e-3, 16 pairs held out.
 fn setup(dir: &Path) -> RewardConfig {
-    let model = dir.join("model");
-    save_tiny_hf_dir(tiny_config(Family::Qwen2), 1, &model).unwrap();
     let data = dir.join("prefs.jsonl");
     common::write_sum_preferences(&data, 48, false);
-    RewardConfig {
-        args: TrainingArgs {
-            model: model.display().to_string(),
-            output_dir: dir.join("out"),
-            dataset: data,
-            learning_rate: 3e-3,
-            lr_scheduler_type: LrSchedulerType::Constant,
-            per_device_train_batch_size: 4,
-            max_steps: 12,
-            logging_steps: 1,
-            report_to: vec![ReportTo::Jsonl],
-            ..RewardConfig::default().args
-        },
-        eval_size: 16.0,
-        max_length: 64,
-        ..Default::default()
-    }
-}
-
-fn run(cfg: &RewardConfig, opts: &RunOptions) -> (RunSummary, Vec<(String, Vec<f32>)>) {
-    let mut p = prepare(cfg, Path::new(&cfg.args.model), &Device::Cpu).unwrap();
-    let s = train(cfg, &mut p, opts).unwrap();
-    (s, common::weights(&p.policy))
+    offline_config(
+        dir,
+        &data,
+        "learning_rate = 3e-3\neval_size = 16.0\nmax_length = 64",
+    )
 }
 
 /// Scores of the eval pairs' chosen rows by the exported model and by the trained policy.
@@ -112,58 +94,23 @@ fn reward_model_learns_and_exports() {
 
 #[test]
 fn same_seed_same_metrics_and_resume_equals_uninterrupted() {
-    let (a, b, c) = (
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-        tempfile::tempdir().unwrap(),
-    );
-    let (sa, wa) = run(&setup(a.path()), &RunOptions::default());
+    let [a, b, c] = common::tempdirs();
+    let (sa, wa, sc) = assert_resumes_exactly(&setup(a.path()), &setup(c.path()), 5, "resume");
+    assert_eq!(sc.step_values("loss"), sa.step_values("loss")[5..]);
     let (sb, wb) = run(&setup(b.path()), &RunOptions::default());
     // Every metric but the wall-clock ones is identical.
-    let timeless = |s: &RunSummary| -> Vec<Vec<(String, f64)>> {
-        s.steps
-            .iter()
-            .map(|m| {
-                m.iter()
-                    .filter(|(k, _)| k != "tokens_per_s" && !k.starts_with("time/"))
-                    .cloned()
-                    .collect()
-            })
-            .collect()
-    };
     assert_eq!(timeless(&sa), timeless(&sb));
     assert_eq!(sa.step_values("loss"), sb.step_values("loss"));
     assert_eq!(sa.step_values("accuracy"), sb.step_values("accuracy"));
     common::assert_same_bits(&wa, &wb, "same seed");
-    let cfg_c = setup(c.path());
-    let stop = RunOptions {
-        stop_after: Some(5),
-        ..Default::default()
-    };
-    assert_eq!(run(&cfg_c, &stop).0.global_step, 5);
-    let resume = RunOptions {
-        resume: true,
-        ..Default::default()
-    };
-    let (sc, wc) = run(&cfg_c, &resume);
-    assert_eq!(sc.global_step, 12);
-    assert_eq!(sc.step_values("loss"), sa.step_values("loss")[5..]);
-    common::assert_same_bits(&wa, &wc, "resume");
 }
 
 #[test]
 fn batch_times_accumulation_is_invariant() {
-    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut cfg_a = setup(a.path());
-    cfg_a.args.max_steps = 3;
-    cfg_a.args.adam_epsilon = 1e-6; // see tests/sft.rs: rounding noise of near-zero gradients
-    cfg_a.center_rewards_coefficient = Some(0.1);
-    let mut cfg_b = setup(b.path());
-    cfg_b.args.max_steps = 3;
-    cfg_b.args.adam_epsilon = 1e-6;
-    cfg_b.center_rewards_coefficient = Some(0.1);
-    cfg_b.args.per_device_train_batch_size = 1;
-    cfg_b.args.gradient_accumulation_steps = 4;
+    let [a, b] = common::tempdirs();
+    let mut cfg = setup(a.path());
+    cfg.center_rewards_coefficient = Some(0.1);
+    let (cfg_a, cfg_b) = batch_and_split(cfg, b.path());
     let (sa, wa) = run(&cfg_a, &RunOptions::default());
     let (sb, wb) = run(&cfg_b, &RunOptions::default());
     for key in ["loss", "accuracy", "margin", "min_reward", "max_reward"] {
@@ -172,23 +119,14 @@ fn batch_times_accumulation_is_invariant() {
         }
     }
     let tol = 2.0 * 3.0 * cfg_a.args.learning_rate as f32;
-    for ((n, x), (_, y)) in wa.iter().zip(&wb) {
-        let d = x
-            .iter()
-            .zip(y)
-            .map(|(p, q)| (p - q).abs())
-            .fold(0f32, f32::max);
-        let limit = if n.contains("k_proj.bias") { tol } else { 1e-5 };
-        assert!(d < limit, "{n}: {d}");
-    }
+    assert_same_weights(&wa, &wb, tol, "batch x accumulation");
 }
 
 #[test]
 fn lora_trains_adapters_and_head_and_exports_both() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = setup(dir.path());
-    cfg.args.use_peft = true;
-    cfg.args.lora.r = 4;
+    use_lora_r4(&mut cfg.args);
     cfg.args.lora.lora_dropout = 0.1; // off in training: disable_dropout
     cfg.args.lora.lora_alpha = 8.0;
     cfg.args.learning_rate = 3e-3;
