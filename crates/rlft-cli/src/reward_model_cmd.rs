@@ -8,7 +8,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 use rlft::config::reward::RewardConfig;
 use rlft::reward_model::score::score_dataset;
-use rlft::reward_model::{prepare, summary_json, train};
+use rlft::reward_model::{prepare, train, SUMMARY};
+use rlft::run::offline::summary_json;
 use rlft_model::load::LoadOptions;
 use rlft_model::score::load_score_model;
 
@@ -29,7 +30,7 @@ pub fn run(a: RewardModelArgs) -> Result<()> {
     if summary.interrupted || summary.final_dir.is_none() {
         train_cmd::say_stopped(&cfg, summary.global_step);
     }
-    println!("{}", summary_json(&summary));
+    println!("{}", summary_json(&summary, SUMMARY));
     Ok(())
 }
 

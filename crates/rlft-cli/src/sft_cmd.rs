@@ -3,7 +3,8 @@
 use anyhow::Result;
 use clap::Args;
 use rlft::config::sft::SftConfig;
-use rlft::sft::{prepare, summary_json, train};
+use rlft::run::offline::summary_json;
+use rlft::sft::{prepare, train, SUMMARY};
 
 use crate::train_cmd::{self, TrainArgs};
 
@@ -20,6 +21,6 @@ pub fn run(a: SftArgs) -> Result<()> {
     if summary.interrupted || summary.final_dir.is_none() {
         train_cmd::say_stopped(&cfg, summary.global_step);
     }
-    println!("{}", summary_json(&summary));
+    println!("{}", summary_json(&summary, SUMMARY));
     Ok(())
 }

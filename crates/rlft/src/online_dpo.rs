@@ -248,17 +248,7 @@ impl Algorithm for OnlineDpo<'_> {
         };
         let (pc, pr) = (pick(&seq, &ci)?, pick(&seq, &ri)?);
         let (rc, rr) = (pick(&ref_seq, &ci)?, pick(&ref_seq, &ri)?);
-        let out = dpo_loss(
-            &DpoLogps {
-                policy_chosen: &pc,
-                policy_rejected: &pr,
-                ref_chosen: &rc,
-                ref_rejected: &rr,
-                chosen_lens: None,
-                rejected_lens: None,
-            },
-            &r.loss,
-        )?;
+        let out = dpo_loss(&DpoLogps::sums((&pc, &pr), (&rc, &rr)), &r.loss)?;
         let accumulation = self.cfg.args.gradient_accumulation_steps as f64;
         let loss = (out.losses.mean(0)? / accumulation)?;
         let pairs = ci.len() as f64;

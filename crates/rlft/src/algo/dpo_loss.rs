@@ -148,6 +148,20 @@ pub struct DpoLogps<'a> {
     pub rejected_lens: Option<&'a Tensor>,
 }
 
+impl<'a> DpoLogps<'a> {
+    /// The four log-prob sums of `n` pairs, without lengths (TRL's `OnlineDPOTrainer`).
+    pub fn sums(policy: (&'a Tensor, &'a Tensor), reference: (&'a Tensor, &'a Tensor)) -> Self {
+        DpoLogps {
+            policy_chosen: policy.0,
+            policy_rejected: policy.1,
+            ref_chosen: reference.0,
+            ref_rejected: reference.1,
+            chosen_lens: None,
+            rejected_lens: None,
+        }
+    }
+}
+
 /// What [`dpo_loss`] returns.
 #[derive(Debug, Clone)]
 pub struct DpoLossOutput {
@@ -392,14 +406,7 @@ mod tests {
         let d = Device::Cpu;
         let t = |v: &[f64]| Tensor::new(v, &d).unwrap();
         let (pc, pr, rc, rr) = (t(&[-1.0]), t(&[-2.0]), t(&[-1.0]), t(&[-2.0]));
-        let x = DpoLogps {
-            policy_chosen: &pc,
-            policy_rejected: &pr,
-            ref_chosen: &rc,
-            ref_rejected: &rr,
-            chosen_lens: None,
-            rejected_lens: None,
-        };
+        let x = DpoLogps::sums((&pc, &pr), (&rc, &rr));
         let out = dpo_loss(&x, &DpoLossConfig::default()).unwrap();
         let l: Vec<f64> = out.losses.to_vec1().unwrap();
         assert!((l[0] - std::f64::consts::LN_2).abs() < 1e-12);

@@ -229,18 +229,11 @@ pub fn gae(values: &[f64], rewards: &[f64], gamma: f64, lam: f64) -> (Vec<f64>, 
 /// all tokens, biased variance clamped at 1e-8, `(x - mean) / sqrt(var)`; with `!std_norm`
 /// only the mean is subtracted. No tokens: unchanged.
 pub fn whiten_batch(rows: &mut [Vec<f64>], std_norm: bool) {
-    let n: usize = rows.iter().map(Vec::len).sum();
+    let (n, m, var) = mean_var(rows);
     if n == 0 {
         return;
     }
-    let m = rows.iter().flatten().sum::<f64>() / n as f64;
     let rstd = if std_norm {
-        let var = rows
-            .iter()
-            .flatten()
-            .map(|x| (x - m) * (x - m))
-            .sum::<f64>()
-            / n as f64;
         1.0 / var.max(1e-8).sqrt()
     } else {
         1.0
@@ -250,14 +243,9 @@ pub fn whiten_batch(rows: &mut [Vec<f64>], std_norm: bool) {
     }
 }
 
-/// TRL's `masked_whiten` over all tokens (trl/trainer/utils.py, TRL <= 1.15): unbiased
-/// variance (`var * n / (n - 1)`), `(x - mean) / sqrt(var + 1e-8)`, the mean added back when
-/// `!shift_mean`. `PPOTrainer` whitened its rewards with `shift_mean = False`.
-pub fn masked_whiten(rows: &mut [Vec<f64>], shift_mean: bool) {
+/// `(n, mean, biased variance)` of every value of `rows` (NaN mean and variance when empty).
+fn mean_var(rows: &[Vec<f64>]) -> (usize, f64, f64) {
     let n: usize = rows.iter().map(Vec::len).sum();
-    if n < 2 {
-        return;
-    }
     let m = rows.iter().flatten().sum::<f64>() / n as f64;
     let var = rows
         .iter()
@@ -265,6 +253,17 @@ pub fn masked_whiten(rows: &mut [Vec<f64>], shift_mean: bool) {
         .map(|x| (x - m) * (x - m))
         .sum::<f64>()
         / n as f64;
+    (n, m, var)
+}
+
+/// TRL's `masked_whiten` over all tokens (trl/trainer/utils.py, TRL <= 1.15): unbiased
+/// variance (`var * n / (n - 1)`), `(x - mean) / sqrt(var + 1e-8)`, the mean added back when
+/// `!shift_mean`. `PPOTrainer` whitened its rewards with `shift_mean = False`.
+pub fn masked_whiten(rows: &mut [Vec<f64>], shift_mean: bool) {
+    let (n, m, var) = mean_var(rows);
+    if n < 2 {
+        return;
+    }
     let var = var * n as f64 / (n - 1) as f64;
     let r = 1.0 / (var + 1e-8).sqrt();
     for x in rows.iter_mut().flatten() {

@@ -660,57 +660,54 @@ mod tests {
         let e = grpo_loss(&inp, &mask_cfg).unwrap_err().to_string();
         assert!(e.contains("needs the per-token entropies"), "{e}");
         let bad_mask = t2(&[1.0; 6], 3, 2);
-        let e = grpo_loss(
-            &LossInputs {
-                mask: &bad_mask,
-                ..inp
-            },
-            &LossConfig::default(),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("mask is [3, 2]"), "{e}");
         let bad_adv = Tensor::new(&[1.0f32], &Device::Cpu).unwrap();
-        let e = grpo_loss(
-            &LossInputs {
-                advantages: &bad_adv,
-                ..inp
-            },
-            &LossConfig::default(),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("advantages is [1]"), "{e}");
-        let e = grpo_loss(
-            &LossInputs {
-                normalizer: LossNormalizer {
-                    accumulation_steps: 0,
-                    num_items_in_batch: 1.0,
-                    micro_batch: None,
+        let no_accumulation = LossNormalizer {
+            accumulation_steps: 0,
+            num_items_in_batch: 1.0,
+            micro_batch: None,
+        };
+        let too_small = LossNormalizer {
+            micro_batch: Some(MicroBatchSize {
+                rows: 1,
+                tokens: 6.0,
+            }),
+            ..inp.normalizer
+        };
+        for (bad, want) in [
+            (
+                LossInputs {
+                    mask: &bad_mask,
+                    ..inp
                 },
-                ..inp
-            },
-            &LossConfig::default(),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("accumulation_steps"), "{e}");
-        let e = grpo_loss(
-            &LossInputs {
-                normalizer: LossNormalizer {
-                    micro_batch: Some(MicroBatchSize {
-                        rows: 1,
-                        tokens: 6.0,
-                    }),
-                    ..inp.normalizer
+                "mask is [3, 2]",
+            ),
+            (
+                LossInputs {
+                    advantages: &bad_adv,
+                    ..inp
                 },
-                ..inp
-            },
-            &LossConfig::default(),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("smaller than the rows given"), "{e}");
+                "advantages is [1]",
+            ),
+            (
+                LossInputs {
+                    normalizer: no_accumulation,
+                    ..inp
+                },
+                "accumulation_steps",
+            ),
+            (
+                LossInputs {
+                    normalizer: too_small,
+                    ..inp
+                },
+                "smaller than the rows given",
+            ),
+        ] {
+            let e = grpo_loss(&bad, &LossConfig::default())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{e}");
+        }
     }
 
     /// `(loss, gradient [N, T])` of `rows` of a fixed off-policy case (f64, ragged mask,

@@ -198,6 +198,21 @@ impl Default for TrainingArgs {
 }
 
 impl TrainingArgs {
+    /// The HF `Trainer` defaults the offline trainers' TRL configs keep (`SFTConfig`,
+    /// `DPOConfig`, `RewardConfig`): a linear schedule from `learning_rate`, 3 epochs, logging
+    /// every 10 steps to `metrics.jsonl` and TensorBoard, output under `output_dir`.
+    pub fn offline(output_dir: &str, learning_rate: f64) -> Self {
+        TrainingArgs {
+            output_dir: output_dir.into(),
+            learning_rate,
+            lr_scheduler_type: LrSchedulerType::Linear,
+            num_train_epochs: 3.0,
+            logging_steps: 10,
+            report_to: vec![ReportTo::Jsonl, ReportTo::Tensorboard],
+            ..TrainingArgs::default()
+        }
+    }
+
     /// Whether TensorBoard event files are written.
     pub fn tensorboard(&self) -> bool {
         self.report_to.contains(&ReportTo::Tensorboard)

@@ -16,7 +16,7 @@ use std::fmt;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
-use super::args::{LrSchedulerType, ReportTo, TrainingArgs};
+use super::args::TrainingArgs;
 use super::{shared_args, ConfigError, TrainerConfig};
 use crate::algo::dpo_loss::{DpoLossConfig, DpoLossType};
 
@@ -102,15 +102,7 @@ impl Default for DpoConfig {
     /// off as everywhere in rlft on the CPU.
     fn default() -> Self {
         DpoConfig {
-            args: TrainingArgs {
-                output_dir: "artifacts/dpo".into(),
-                learning_rate: 1e-6,
-                lr_scheduler_type: LrSchedulerType::Linear,
-                num_train_epochs: 3.0,
-                logging_steps: 10,
-                report_to: vec![ReportTo::Jsonl, ReportTo::Tensorboard],
-                ..TrainingArgs::default()
-            },
+            args: TrainingArgs::offline("artifacts/dpo", 1e-6),
             beta: 0.1,
             loss_type: vec![DpoLossType::Sigmoid],
             loss_weights: None,

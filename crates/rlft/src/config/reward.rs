@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::args::{LrSchedulerType, ReportTo, TrainingArgs};
+use super::args::TrainingArgs;
 use super::{shared_args, ConfigError, TrainerConfig};
 
 /// How a new `score` head starts (rlft's key; a reward-model checkpoint keeps its head).
@@ -55,15 +55,7 @@ impl Default for RewardConfig {
     /// `gradient_checkpointing` and `bf16`, which stay off as everywhere in rlft on the CPU.
     fn default() -> Self {
         RewardConfig {
-            args: TrainingArgs {
-                output_dir: "artifacts/reward-model".into(),
-                learning_rate: 1e-4,
-                lr_scheduler_type: LrSchedulerType::Linear,
-                num_train_epochs: 3.0,
-                logging_steps: 10,
-                report_to: vec![ReportTo::Jsonl, ReportTo::Tensorboard],
-                ..TrainingArgs::default()
-            },
+            args: TrainingArgs::offline("artifacts/reward-model", 1e-4),
             eval_size: 0.0,
             max_length: 1024,
             center_rewards_coefficient: None,

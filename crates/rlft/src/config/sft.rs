@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::args::{LrSchedulerType, ReportTo, TrainingArgs};
+use super::args::TrainingArgs;
 use super::{shared_args, ConfigError, TrainerConfig};
 use crate::data::LengthPolicy;
 
@@ -27,15 +27,7 @@ pub struct SftConfig {
 impl Default for SftConfig {
     fn default() -> Self {
         SftConfig {
-            args: TrainingArgs {
-                output_dir: "artifacts/sft".into(),
-                learning_rate: 2e-5,
-                lr_scheduler_type: LrSchedulerType::Linear,
-                num_train_epochs: 3.0,
-                logging_steps: 10,
-                report_to: vec![ReportTo::Jsonl, ReportTo::Tensorboard],
-                ..TrainingArgs::default()
-            },
+            args: TrainingArgs::offline("artifacts/sft", 2e-5),
             eval_size: 0.0,
             max_length: 1024,
             truncation: LengthPolicy::Truncate,

@@ -29,16 +29,15 @@ use std::collections::HashMap;
 
 use candle_core::{DType, Tensor};
 use rlft_model::CausalLm;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::algo::dpo_loss::{dpo_loss, sequence_logps, DpoLogps, DpoLossConfig, DpoLossOutput};
 use crate::config::dpo::DpoConfig;
-use crate::config::TrainingArgs;
 use crate::data::dpo::DpoPair;
 use crate::data::prompts::PromptItem;
 use crate::error::{Result, TrainerError};
 use crate::rollout::{score_batch, timed, Sample, ScoreOptions};
-use crate::run::offline::{Offline, OfflineAlgorithm, OfflineStep};
+use crate::run::offline::{self, OfflineAlgorithm, OfflineStep};
 use crate::run::{
     Console, Metrics, Policy, RunOptions, RunSummary, Shown, StepStats, GRAD_NORM, LEARNING_RATE,
     LOSS,
@@ -253,14 +252,6 @@ impl OfflineAlgorithm for Dpo<'_> {
         ],
     };
 
-    fn args(&self) -> &TrainingArgs {
-        &self.cfg.args
-    }
-
-    fn rows(&self) -> usize {
-        self.train.len()
-    }
-
     fn prepare(
         &mut self,
         policy: &Policy,
@@ -334,22 +325,16 @@ pub fn train(cfg: &DpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Run
         train: &p.train,
         eval: &p.eval,
     };
-    let total_steps = p.total_steps as u64;
-    crate::run::run(cfg, &mut Offline { algo, total_steps }, &mut p.policy, opts)
+    let steps = (p.train.len(), p.total_steps);
+    offline::run(cfg, algo, steps, &mut p.policy, opts)
 }
 
-/// The JSON summary line `rlft dpo` prints at the end.
-pub fn summary_json(s: &RunSummary) -> Value {
-    json!({
-        "global_step": s.global_step,
-        "initial_eval_loss": s.initial_metric("eval_loss"),
-        "final_eval_loss": s.final_metric("eval_loss"),
-        "initial_eval_accuracy": s.initial_metric("eval_rewards/accuracies"),
-        "final_eval_accuracy": s.final_metric("eval_rewards/accuracies"),
-        "final_eval_margin": s.final_metric("eval_rewards/margins"),
-        "last_train_loss": s.step_values("loss").last(),
-        "skipped_steps": s.skipped_steps,
-        "interrupted": s.interrupted,
-        "final_dir": s.final_dir,
-    })
-}
+/// The eval figures of the JSON summary line `rlft dpo` prints at the end
+/// ([`offline::summary_json`]).
+pub const SUMMARY: &[(&str, &str)] = &[
+    ("initial_eval_loss", "eval_loss"),
+    ("final_eval_loss", "eval_loss"),
+    ("initial_eval_accuracy", "eval_rewards/accuracies"),
+    ("final_eval_accuracy", "eval_rewards/accuracies"),
+    ("final_eval_margin", "eval_rewards/margins"),
+];

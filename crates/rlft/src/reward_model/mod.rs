@@ -33,14 +33,12 @@ use candle_core::{DType, Tensor};
 use rlft_model::score::{
     save_score_adapter, save_score_model, sequence_scores, ScoreBatch, ScoreHead,
 };
-use serde_json::{json, Value};
 
 use crate::algo::reward::{pair_losses, PairStats};
 use crate::config::reward::RewardConfig;
-use crate::config::TrainingArgs;
 use crate::data::preferences::RewardPair;
 use crate::error::Result;
-use crate::run::offline::{Offline, OfflineAlgorithm, OfflineStep};
+use crate::run::offline::{self, OfflineAlgorithm, OfflineStep};
 use crate::run::{
     Console, Metrics, Policy, RunOptions, RunSummary, Shown, StepStats, GRAD_NORM, LEARNING_RATE,
     LOSS,
@@ -128,18 +126,6 @@ impl OfflineAlgorithm for RewardModel<'_> {
             Shown::new("eval_margin", "margin"),
         ],
     };
-
-    fn args(&self) -> &TrainingArgs {
-        &self.cfg.args
-    }
-
-    fn rows(&self) -> usize {
-        self.train.len()
-    }
-
-    fn prepare(&mut self, _: &Policy, _: &[Vec<usize>], _: &mut Metrics) -> Result<()> {
-        Ok(())
-    }
 
     fn micro_loss(
         &self,
@@ -240,21 +226,15 @@ pub fn train(cfg: &RewardConfig, p: &mut Prepared, opts: &RunOptions) -> Result<
         eval: &p.eval,
         has_margin: p.has_margin,
     };
-    let total_steps = p.total_steps as u64;
-    crate::run::run(cfg, &mut Offline { algo, total_steps }, &mut p.policy, opts)
+    let steps = (p.train.len(), p.total_steps);
+    offline::run(cfg, algo, steps, &mut p.policy, opts)
 }
 
-/// The JSON summary line `rlft reward-model` prints at the end.
-pub fn summary_json(s: &RunSummary) -> Value {
-    json!({
-        "global_step": s.global_step,
-        "initial_eval_accuracy": s.initial_metric("eval_accuracy"),
-        "final_eval_accuracy": s.final_metric("eval_accuracy"),
-        "final_eval_loss": s.final_metric("eval_loss"),
-        "final_eval_margin": s.final_metric("eval_margin"),
-        "last_train_loss": s.step_values("loss").last(),
-        "skipped_steps": s.skipped_steps,
-        "interrupted": s.interrupted,
-        "final_dir": s.final_dir,
-    })
-}
+/// The eval figures of the JSON summary line `rlft reward-model` prints at the end
+/// ([`offline::summary_json`]).
+pub const SUMMARY: &[(&str, &str)] = &[
+    ("initial_eval_accuracy", "eval_accuracy"),
+    ("final_eval_accuracy", "eval_accuracy"),
+    ("final_eval_loss", "eval_loss"),
+    ("final_eval_margin", "eval_margin"),
+];

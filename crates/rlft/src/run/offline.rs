@@ -2,14 +2,18 @@
 //! micro-batches of dataset rows, and the step count follows from epochs or `max_steps`.
 //!
 //! An offline trainer implements [`OfflineAlgorithm`] (its loss, its eval, what a step carries
-//! besides its rows); [`Offline`] makes it an [`Algorithm`] for the run core.
+//! besides its rows); [`run`] runs it on the run core as an [`Algorithm`].
 
 use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
 
-use super::{Algorithm, Console, Metrics, Policy, Position, StepOutcome, StepStats};
-use crate::config::TrainingArgs;
+use serde_json::{json, Value};
+
+use super::{
+    Algorithm, Console, Metrics, Policy, Position, RunOptions, RunSummary, StepOutcome, StepStats,
+};
+use crate::config::{TrainerConfig, TrainingArgs};
 use crate::data::DataCursor;
 use crate::error::Result;
 
@@ -31,6 +35,26 @@ pub fn next_step_rows(args: &TrainingArgs, data: &mut DataCursor) -> Vec<Vec<usi
         .collect()
 }
 
+/// The JSON line an offline command prints at the end: the steps taken, the eval figures
+/// `evals` (`(name, metric key)`: a name starting `initial_` reads the eval before training,
+/// the others the eval at the end), the last train loss, skipped steps, whether Ctrl-C stopped
+/// the run, and where the final model is.
+pub fn summary_json(s: &RunSummary, evals: &[(&str, &str)]) -> Value {
+    let mut out = json!({ "global_step": s.global_step });
+    for (name, key) in evals {
+        out[*name] = json!(if name.starts_with("initial_") {
+            s.initial_metric(key)
+        } else {
+            s.final_metric(key)
+        });
+    }
+    out["last_train_loss"] = json!(s.step_values("loss").last());
+    out["skipped_steps"] = json!(s.skipped_steps);
+    out["interrupted"] = json!(s.interrupted);
+    out["final_dir"] = json!(s.final_dir);
+    out
+}
+
 /// One optimiser step of an offline trainer: its micro-batches of row indices and what the
 /// trainer prepared for them ([`OfflineAlgorithm::prepare`]).
 pub struct OfflineStep<E> {
@@ -49,25 +73,16 @@ impl<E> OfflineStep<E> {
 
 /// An offline trainer's own part.
 pub trait OfflineAlgorithm: Send {
-    /// What a step carries besides its rows.
-    type Extra: Sync;
+    /// What a step carries besides its rows (`()` for none).
+    type Extra: Sync + Default;
 
     /// The metrics the console shows.
     const CONSOLE: Console;
 
-    /// The shared settings (batch sizes).
-    fn args(&self) -> &TrainingArgs;
-
-    /// Rows of the training set.
-    fn rows(&self) -> usize;
-
-    /// The step's own data, from its micro-batches; timed phases go to `times`.
-    fn prepare(
-        &mut self,
-        policy: &Policy,
-        micro: &[Vec<usize>],
-        times: &mut Metrics,
-    ) -> Result<Self::Extra>;
+    /// The step's own data, from its micro-batches; timed phases go to `times`. Default: none.
+    fn prepare(&mut self, _: &Policy, _: &[Vec<usize>], _: &mut Metrics) -> Result<Self::Extra> {
+        Ok(Self::Extra::default())
+    }
 
     /// The differentiable loss of micro-batch `micro` of `step`; diagnostics go to `stats`.
     fn micro_loss(
@@ -93,22 +108,43 @@ pub trait OfflineAlgorithm: Send {
     }
 }
 
-/// An [`OfflineAlgorithm`] as an [`Algorithm`]: each unit is one optimiser step of the next
-/// rows, for `total_steps` steps.
-pub struct Offline<A> {
-    /// The trainer.
-    pub algo: A,
-    /// Optimiser steps of the run.
-    pub total_steps: u64,
+/// Runs `algo` as `cfg` says ([`super::run`]): `total_steps` optimiser steps over `rows`
+/// training rows, each step the next `gradient_accumulation_steps` micro-batches of
+/// `per_device_train_batch_size` rows.
+pub fn run<C: TrainerConfig, A: OfflineAlgorithm>(
+    cfg: &C,
+    algo: A,
+    (rows, total_steps): (usize, usize),
+    policy: &mut Policy,
+    opts: &RunOptions,
+) -> Result<RunSummary> {
+    let args = cfg.args();
+    let total_steps = total_steps as u64;
+    let mut offline = Offline {
+        algo,
+        args,
+        rows,
+        total_steps,
+    };
+    super::run(cfg, &mut offline, policy, opts)
 }
 
-impl<A: OfflineAlgorithm> Algorithm for Offline<A> {
+/// An [`OfflineAlgorithm`] as an [`Algorithm`]: each unit is one optimiser step of the next
+/// rows, for `total_steps` steps.
+struct Offline<'a, A> {
+    algo: A,
+    args: &'a TrainingArgs,
+    rows: usize,
+    total_steps: u64,
+}
+
+impl<A: OfflineAlgorithm> Algorithm for Offline<'_, A> {
     type Unit = OfflineStep<A::Extra>;
 
     const CONSOLE: Console = A::CONSOLE;
 
     fn data_len(&self) -> usize {
-        self.algo.rows()
+        self.rows
     }
 
     fn total_steps(&self) -> u64 {
@@ -122,7 +158,7 @@ impl<A: OfflineAlgorithm> Algorithm for Offline<A> {
         _at: Position,
         times: &mut Metrics,
     ) -> Result<Self::Unit> {
-        let micro = next_step_rows(self.algo.args(), data);
+        let micro = next_step_rows(self.args, data);
         let extra = self.algo.prepare(policy, &micro, times)?;
         Ok(OfflineStep { micro, extra })
     }

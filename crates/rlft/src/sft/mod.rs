@@ -9,13 +9,11 @@ pub mod batch;
 mod setup;
 
 use candle_core::{DType, Tensor};
-use serde_json::{json, Value};
 
 use crate::config::sft::SftConfig;
-use crate::config::TrainingArgs;
 use crate::data::sft::SftExample;
 use crate::error::Result;
-use crate::run::offline::{Offline, OfflineAlgorithm, OfflineStep};
+use crate::run::offline::{self, OfflineAlgorithm, OfflineStep};
 use crate::run::{
     Console, Metrics, Policy, RunOptions, RunSummary, Shown, StepStats, GRAD_NORM, LEARNING_RATE,
     LOSS,
@@ -56,18 +54,6 @@ impl OfflineAlgorithm for Sft<'_> {
         eval: &[Shown::new("eval_loss", "loss")],
     };
 
-    fn args(&self) -> &TrainingArgs {
-        &self.cfg.args
-    }
-
-    fn rows(&self) -> usize {
-        self.train.len()
-    }
-
-    fn prepare(&mut self, _: &Policy, _: &[Vec<usize>], _: &mut Metrics) -> Result<()> {
-        Ok(())
-    }
-
     fn micro_loss(
         &self,
         policy: &Policy,
@@ -102,19 +88,13 @@ pub fn train(cfg: &SftConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Run
         train: &p.train,
         eval: &p.eval,
     };
-    let total_steps = p.total_steps as u64;
-    crate::run::run(cfg, &mut Offline { algo, total_steps }, &mut p.policy, opts)
+    let steps = (p.train.len(), p.total_steps);
+    offline::run(cfg, algo, steps, &mut p.policy, opts)
 }
 
-/// The JSON summary line `rlft sft` prints at the end.
-pub fn summary_json(s: &RunSummary) -> Value {
-    json!({
-        "global_step": s.global_step,
-        "initial_eval_loss": s.initial_metric("eval_loss"),
-        "final_eval_loss": s.final_metric("eval_loss"),
-        "last_train_loss": s.step_values("loss").last(),
-        "skipped_steps": s.skipped_steps,
-        "interrupted": s.interrupted,
-        "final_dir": s.final_dir,
-    })
-}
+/// The eval figures of the JSON summary line `rlft sft` prints at the end
+/// ([`offline::summary_json`]).
+pub const SUMMARY: &[(&str, &str)] = &[
+    ("initial_eval_loss", "eval_loss"),
+    ("final_eval_loss", "eval_loss"),
+];

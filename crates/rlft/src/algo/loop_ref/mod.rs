@@ -80,28 +80,9 @@ pub fn advantages_loop(rewards: &[f64], group_size: usize, cfg: &AdvantageConfig
         };
         values.push(clamp_advantage(a, cfg.clamp));
     }
-    let mut group_mean = Vec::with_capacity(num_groups);
-    let mut group_std = Vec::with_capacity(num_groups);
-    let mut zero = 0usize;
-    for g in 0..num_groups {
-        let (m, s) = stats(g * group_size, (g + 1) * group_size);
-        group_mean.push(m);
-        group_std.push(s);
-        if s <= ZERO_STD_ATOL {
-            zero += 1;
-        }
-    }
-    let frac_zero_std = if num_groups == 0 {
-        0.0
-    } else {
-        zero as f64 / num_groups as f64
-    };
-    Advantages {
-        values,
-        group_mean,
-        group_std,
-        frac_zero_std,
-    }
+    with_group_stats(values, num_groups, |g| {
+        stats(g * group_size, (g + 1) * group_size)
+    })
 }
 
 /// Mean and unbiased std of the scored values among `xs`, with explicit loops: `(NaN, NaN)`
@@ -207,11 +188,21 @@ pub fn multi_reward_advantages_loop(
         };
         values.push(clamp_advantage(if a.is_nan() { 0.0 } else { a }, cfg.clamp));
     }
+    with_group_stats(values, num_groups, group_stats)
+}
+
+/// [`Advantages`] of `values` with each group's `(mean, std)` from `stats`, counting the groups
+/// whose std is at most [`ZERO_STD_ATOL`], one group at a time.
+fn with_group_stats(
+    values: Vec<f64>,
+    num_groups: usize,
+    stats: impl Fn(usize) -> (f64, f64),
+) -> Advantages {
     let mut group_mean = Vec::with_capacity(num_groups);
     let mut group_std = Vec::with_capacity(num_groups);
     let mut zero = 0usize;
     for g in 0..num_groups {
-        let (m, s) = group_stats(g);
+        let (m, s) = stats(g);
         group_mean.push(m);
         group_std.push(s);
         if s <= ZERO_STD_ATOL {

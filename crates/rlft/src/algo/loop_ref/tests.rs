@@ -35,6 +35,19 @@ fn close(a: f64, b: f64, tol: f64, what: &str) -> f64 {
     err
 }
 
+/// The per-completion and per-group series of two [`Advantages`], by name (equal lengths).
+fn series<'a>(v: &'a Advantages, l: &'a Advantages) -> [(&'static str, &'a [f64], &'a [f64]); 3] {
+    let all = [
+        ("values", &v.values, &l.values),
+        ("group_mean", &v.group_mean, &l.group_mean),
+        ("group_std", &v.group_std, &l.group_std),
+    ];
+    all.map(|(name, a, b)| {
+        assert_eq!(a.len(), b.len(), "{name}");
+        (name, &a[..], &b[..])
+    })
+}
+
 #[test]
 fn advantages_loop_equals_vectorised() {
     let mut rng = Rng(7);
@@ -57,13 +70,8 @@ fn advantages_loop_equals_vectorised() {
                 let v = compute_advantages(&rewards, g, &cfg);
                 let l = advantages_loop(&rewards, g, &cfg);
                 assert_eq!(v.frac_zero_std, l.frac_zero_std);
-                for (name, a, b) in [
-                    ("values", &v.values, &l.values),
-                    ("group_mean", &v.group_mean, &l.group_mean),
-                    ("group_std", &v.group_std, &l.group_std),
-                ] {
-                    assert_eq!(a.len(), b.len());
-                    for (x, y) in a.iter().zip(b.iter()) {
+                for (name, a, b) in series(&v, &l) {
+                    for (x, y) in a.iter().zip(b) {
                         assert!(x.is_finite(), "{name} {scale} g={g}");
                         max_err = max_err.max(close(*x, *y, 1e-12, name));
                     }
@@ -119,13 +127,8 @@ fn multi_reward_advantages_loop_equals_vectorised() {
                     for i in 0..g {
                         assert_eq!(v.values[i], 0.0, "{what}: unscorable row {i}");
                     }
-                    for (name, a, b) in [
-                        ("values", &v.values, &l.values),
-                        ("group_mean", &v.group_mean, &l.group_mean),
-                        ("group_std", &v.group_std, &l.group_std),
-                    ] {
-                        assert_eq!(a.len(), b.len());
-                        for (x, y) in a.iter().zip(b.iter()) {
+                    for (name, a, b) in series(&v, &l) {
+                        for (x, y) in a.iter().zip(b) {
                             if y.is_nan() {
                                 assert!(x.is_nan(), "{what} {name}: {x} vs NaN");
                                 continue;

@@ -70,26 +70,6 @@ impl Default for EstimatorSettings {
     }
 }
 
-/// TRL PPO / OpenRLHF names accepted as aliases: (alias, canonical key, meaning).
-pub const ONLINE_ALIASES: &[(&str, &str, &str)] = &[
-    ("kl_coef", "beta", "KL coefficient"),
-    ("cliprange", "epsilon", "policy clip range"),
-    (
-        "num_ppo_epochs",
-        "num_iterations",
-        "passes over each rollout",
-    ),
-    ("response_length", "max_completion_length", "new tokens"),
-    ("lambd", "lam", "GAE lambda"),
-    ("critic_pretrain", "value_model", "critic initialisation"),
-    ("value_clip", "cliprange_value", "value clip range"),
-    (
-        "dynamic_filtering",
-        "dynamic_sampling",
-        "drop groups without signal",
-    ),
-];
-
 impl OnlineConfig {
     /// The estimator settings as [`crate::algo::estimate`] takes them.
     pub fn estimator_config(&self) -> EstimatorConfig {

@@ -3,6 +3,7 @@
 //! servers ([`servers`]) and the batch arithmetic with LightRFT's batch aliases ([`batch`]); the
 //! commands' defaults over it are in [`commands`].
 
+pub mod aliases;
 pub mod batch;
 pub mod commands;
 pub mod estimator;
@@ -20,9 +21,10 @@ use crate::algo::{
     ScaleRewards,
 };
 use crate::data::LengthPolicy;
-pub use batch::{BatchPlan, ALIASES};
+pub use aliases::ALIASES;
+pub use batch::BatchPlan;
 pub use commands::{GrpoConfig, PpoConfig, RlooConfig};
-pub use estimator::{EstimatorSettings, ONLINE_ALIASES};
+pub use estimator::EstimatorSettings;
 pub use servers::RolloutServers;
 
 /// How eval completions are decoded (`eval_decoding`).
@@ -171,14 +173,14 @@ impl TrainerConfig for OnlineConfig {
     shared_args!();
 
     fn alias_keys() -> Vec<&'static str> {
-        let mut keys: Vec<&str> = ALIASES.iter().chain(ONLINE_ALIASES).map(|a| a.0).collect();
-        keys.extend(batch::DERIVED_ALIASES);
+        let mut keys: Vec<&str> = ALIASES.iter().map(|a| a.0).collect();
+        keys.extend(aliases::DERIVED_ALIASES);
         keys.extend(servers::trl_keys());
         keys
     }
 
     fn resolve_aliases(table: &mut toml::Table) -> Result<(), ConfigError> {
-        batch::resolve_aliases(table)
+        aliases::resolve_aliases(table)
     }
 
     fn validate_own(&self) -> Result<(), ConfigError> {
