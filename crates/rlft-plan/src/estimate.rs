@@ -105,11 +105,8 @@ pub fn estimate(run: &Run, env: &Environment) -> Result<Plan, PlanError> {
         return Err(PlanError::Invalid(e));
     }
     let mut c = Parts::default();
-    let (full, w, dtype) = (
-        matches!(run.tuning, Tuning::Full),
-        run.weight_bytes(),
-        dtype(run),
-    );
+    let full = matches!(run.tuning, Tuning::Full);
+    let (w, dtype) = (run.weight_bytes(), dtype(run));
     let p = policy.parameters();
     let t = policy.trainable_tensors(&run.tuning).iter().sum::<u64>() as usize;
     let weights = tensors(&policy.weight_tensors(), w);
@@ -119,14 +116,11 @@ pub fn estimate(run: &Run, env: &Environment) -> Result<Plan, PlanError> {
     let (kept_params, kept_bytes) = policy.frozen_blocks;
     let in_blocks = !run.bf16 && !full && !policy.score_head && kept_bytes > 0;
     if in_blocks {
-        let (kept, dense) = (
-            count(kept_params as usize),
-            p.saturating_sub(kept_params as usize),
-        );
+        let dense = p.saturating_sub(kept_params as usize);
+        let (kept, kept_mib, dense_n) =
+            (count(kept_params as usize), mib(kept_bytes), count(dense));
         let d = format!(
-            "frozen base in its GGUF blocks: {kept} params in {:.0} MiB, {} params x {dtype}",
-            mib(kept_bytes),
-            count(dense)
+            "frozen base in its GGUF blocks: {kept} params in {kept_mib:.0} MiB, {dense_n} params x {dtype}"
         );
         c.add(
             "weights",
@@ -135,15 +129,13 @@ pub fn estimate(run: &Run, env: &Environment) -> Result<Plan, PlanError> {
             ALL,
         );
     } else {
-        let head = format!(
-            ": the backbone (no LM head) and the score head [1, {}]",
-            dims.hidden
-        );
+        let (h, params) = (dims.hidden, count(p));
+        let head = format!(": the backbone (no LM head) and the score head [1, {h}]");
         let head = if policy.score_head { head.as_str() } else { "" };
         c.add(
             "weights",
             weights,
-            format!("{} params x {dtype}{head}", count(p)),
+            format!("{params} params x {dtype}{head}"),
             ALL,
         );
     }
@@ -153,12 +145,8 @@ pub fn estimate(run: &Run, env: &Environment) -> Result<Plan, PlanError> {
         let kept = !full && run.generation.is_some();
         let d = "the frozen weights' Q4_1/Q8_0 blocks, read by the decode kernel";
         let blocks = Sized::heap(policy.decode_block_bytes);
-        c.add(
-            "decode_blocks",
-            blocks,
-            d,
-            if kept { ALL } else { &[Phase::Load] },
-        );
+        let phases = if kept { ALL } else { &[Phase::Load] };
+        c.add("decode_blocks", blocks, d, phases);
     }
     training(&mut c, run, policy, false, weights);
     if let Some(r) = &run.reference {
@@ -179,23 +167,14 @@ pub fn estimate(run: &Run, env: &Environment) -> Result<Plan, PlanError> {
         c.add("generation", generation(dims, g, w), d, &[Phase::Generate]);
     }
     if let Some(e) = &run.eval_generation {
-        let d = format!(
-            "{} prompts x {} positions",
-            e.prompts,
-            e.prompt_tokens + e.new_tokens
-        );
+        let (prompts, positions) = (e.prompts, e.prompt_tokens + e.new_tokens);
+        let d = format!("{prompts} prompts x {positions} positions");
         c.add("eval_generation", generation(dims, e, w), d, &[Phase::Eval]);
     }
     let (kernels, head, mb) = (run.kernels(), policy.head(run.kernels()), &run.update);
-    let acts = activations(
-        dims,
-        &run.tuning,
-        kernels,
-        head,
-        mb,
-        run.gradient_checkpointing,
-    );
-    let ckpt = match run.gradient_checkpointing {
+    let checkpointing = run.gradient_checkpointing;
+    let acts = activations(dims, &run.tuning, kernels, head, mb, checkpointing);
+    let ckpt = match checkpointing {
         true => " (checkpointed: layer inputs + one layer)",
         false => "",
     };
@@ -211,12 +190,8 @@ pub fn estimate(run: &Run, env: &Environment) -> Result<Plan, PlanError> {
     c.add("activations", acts.total, d, &[Phase::Update]);
     if let Some(what) = &run.scored {
         let d = format!("{what}: a micro-batch's forward without graph");
-        c.add(
-            "logprob_pass",
-            no_grad_pass(dims, kernels, head, mb),
-            d,
-            &[Phase::Score],
-        );
+        let pass = no_grad_pass(dims, kernels, head, mb);
+        c.add("logprob_pass", pass, d, &[Phase::Score]);
     }
     checkpoint(&mut c, run, policy, false);
     let d = match run.bf16 {
@@ -260,17 +235,8 @@ pub fn estimate(run: &Run, env: &Environment) -> Result<Plan, PlanError> {
 /// policy's, or with `critic` the critic's (its own adapters, its score head trained in place).
 fn training(c: &mut Parts, run: &Run, m: &Model, critic: bool, weights: Sized) {
     let full = matches!(run.tuning, Tuning::Full);
-    let blocks = if critic && !run.bf16 {
-        m.decode_block_bytes
-    } else {
-        0
-    };
-    let (load, d) = load_buffers(m, full, weights, blocks);
-    let phase = if critic {
-        Phase::CriticLoad
-    } else {
-        Phase::Load
-    };
+    let (load, d) = load_buffers(m, full, weights, critic && !run.bf16);
+    let phase = [Phase::Load, Phase::CriticLoad][usize::from(critic)];
     c.add(key(critic, "load_buffers"), load, d, &[phase]);
     let layers = m.dims.layers;
     let (size, d) = match &run.tuning {
@@ -315,24 +281,21 @@ fn training(c: &mut Parts, run: &Run, m: &Model, critic: bool, weights: Sized) {
     optimizer(c, run, m, critic);
 }
 
-/// Loading: the source file, the largest tensor's f32 conversion (and `blocks`, GGUF blocks
-/// held until dropped); with full fine-tuning the loaded weights while their trainable copies
-/// are made, when that is more.
-fn load_buffers(m: &Model, full: bool, weights: Sized, blocks: u64) -> (Sized, String) {
+/// Loading: the source file, the largest tensor's f32 conversion (and with `blocks` the GGUF
+/// blocks, held until dropped); with full fine-tuning the loaded weights while their trainable
+/// copies are made, when that is more.
+fn load_buffers(m: &Model, full: bool, weights: Sized, blocks: bool) -> (Sized, String) {
+    let blocks = if blocks { m.decode_block_bytes } else { 0 };
     let largest = Sized::one(m.dims.largest_tensor() as u64 * 4);
     let file = Sized::one(m.source_file_bytes) + largest + Sized::heap(blocks);
     if full && weights.bytes > file.bytes {
-        return (
-            weights,
-            "loaded weights while their trainable copies are made".into(),
-        );
+        let d = "loaded weights while their trainable copies are made";
+        return (weights, d.into());
     }
     let blocks = if blocks > 0 { " + GGUF blocks" } else { "" };
     let file_mib = mib(m.source_file_bytes);
-    (
-        file,
-        format!("source file {file_mib:.0} MiB + largest tensor in f32{blocks}"),
-    )
+    let d = format!("source file {file_mib:.0} MiB + largest tensor in f32{blocks}");
+    (file, d)
 }
 
 /// AdamW's state of `m`'s trainable tensors (bf16 full fine-tuning: an f32 master copy
@@ -342,10 +305,8 @@ fn load_buffers(m: &Model, full: bool, weights: Sized, blocks: u64) -> (Sized, S
 fn optimizer(c: &mut Parts, run: &Run, m: &Model, critic: bool) {
     let full_bf16 = matches!(run.tuning, Tuning::Full) && run.bf16;
     let trainable = m.trainable_tensors(&run.tuning);
-    let (state, t) = (
-        tensors(&trainable, 4),
-        count(trainable.iter().sum::<u64>() as usize),
-    );
+    let state = tensors(&trainable, 4);
+    let t = count(trainable.iter().sum::<u64>() as usize);
     if full_bf16 {
         let d = format!("AdamW's f32 copy of {t} bf16 params");
         c.add(key(critic, "master"), state, d, AFTER_LOAD);
@@ -364,10 +325,8 @@ fn optimizer(c: &mut Parts, run: &Run, m: &Model, critic: bool) {
         let d = format!("micro-batch grads {tg} x {dtype} + accumulated sums {tg} x f32");
         (tensors(&grad, bytes) + sums, d)
     } else {
-        (
-            sums,
-            format!("one micro-batch: its grads {tg} x f32 are the sums"),
-        )
+        let d = format!("one micro-batch: its grads {tg} x f32 are the sums");
+        (sums, d)
     };
     c.add(key(critic, "gradients"), size, d, &[Phase::Update]);
 }
@@ -376,24 +335,15 @@ fn optimizer(c: &mut Parts, run: &Run, m: &Model, critic: bool) {
 /// two buffers of the largest trainable tensor in f32.
 fn checkpoint(c: &mut Parts, run: &Run, m: &Model, critic: bool) {
     let trainable = m.trainable_tensors(&run.tuning);
-    let copies = if matches!(run.tuning, Tuning::Full) && run.bf16 {
-        3
-    } else {
-        2
-    };
+    // The moments, and with bf16 full fine-tuning the master weights.
+    let copies = 2 + u64::from(matches!(run.tuning, Tuning::Full) && run.bf16);
     let largest = trainable.iter().copied().max().unwrap_or(0);
     let size = Sized::times(largest * 4, 2) + tensors(&trainable, 4) * copies;
-    let (t, its) = (
-        count(trainable.iter().sum::<u64>() as usize),
-        if critic { "its" } else { "the" },
-    );
+    let t = count(trainable.iter().sum::<u64>() as usize);
+    let its = if critic { "its" } else { "the" };
     let d = format!("a copy of {its} optimizer state ({copies} x {t} x f32) + write buffers");
-    c.add(
-        key(critic, "checkpoint_buffers"),
-        size,
-        d,
-        &[Phase::Checkpoint],
-    );
+    let key = key(critic, "checkpoint_buffers");
+    c.add(key, size, d, &[Phase::Checkpoint]);
 }
 
 /// The final export's buffers: the largest tensor's write buffer, and with bf16 the weights
@@ -409,12 +359,8 @@ fn export(m: &Model, run: &Run) -> Sized {
 
 /// `(elements of every adapted weight, merge_lora's f32 delta, weight and sum of the largest)`.
 fn merge(m: &Model, tuning: &Tuning, w: u64) -> (Sized, Sized) {
-    let merged: Vec<u64> = m
-        .dims
-        .adapted(tuning)
-        .iter()
-        .map(|&(o, i)| (o * i) as u64)
-        .collect();
+    let adapted = m.dims.adapted(tuning);
+    let merged: Vec<u64> = adapted.iter().map(|&(o, i)| (o * i) as u64).collect();
     let largest = merged.iter().copied().max().unwrap_or(0);
     (tensors(&merged, w), Sized::times(largest * 4, 3))
 }
@@ -423,10 +369,8 @@ fn merge(m: &Model, tuning: &Tuning, w: u64) -> (Sized, Sized) {
 /// generate from a merged copy (the f32 CPU decoder adds the adapters as it decodes).
 fn merged_model(c: &mut Parts, run: &Run) {
     let (copy, one) = merge(&run.policy, &run.tuning, run.weight_bytes());
-    let (lora, generates) = (
-        !matches!(run.tuning, Tuning::Full),
-        run.generation.is_some(),
-    );
+    let lora = !matches!(run.tuning, Tuning::Full);
+    let generates = run.generation.is_some();
     let rollout: &[Phase] = &[Phase::Eval, Phase::Generate, Phase::Export];
     let (name, size, d, phases) = if generates && !lora {
         let d = "full fine-tuning: generation shares the policy weights";
@@ -457,12 +401,8 @@ fn reward_models(c: &mut Parts, run: &Run) {
     if run.reward_models.is_empty() {
         return;
     }
-    let (mut weights, mut pass, mut names, mut pass_d) = (
-        Sized::default(),
-        Sized::default(),
-        Vec::new(),
-        String::new(),
-    );
+    let (mut weights, mut pass) = (Sized::default(), Sized::default());
+    let (mut names, mut pass_d) = (Vec::new(), String::new());
     for r in &run.reward_models {
         weights = weights + tensors(&r.model.weight_tensors(), run.weight_bytes());
         let base = if r.model.headless {
@@ -470,15 +410,12 @@ fn reward_models(c: &mut Parts, run: &Run) {
         } else {
             " (a causal LM base with its LM head)"
         };
-        names.push(format!(
-            "`{}` {} params{base}",
-            r.name,
-            count(r.model.parameters())
-        ));
+        let (name, params) = (&r.name, count(r.model.parameters()));
+        names.push(format!("`{name}` {params} params{base}"));
         let mb = MicroBatch::plain("reward model rows", r.rows, r.tokens, r.rows);
         let s = no_grad_pass(&r.model.dims, run.kernels(), HeadKernel::Score, &mb);
         if s.bytes > pass.bytes {
-            let (name, rows, tokens) = (&r.name, r.rows, r.tokens);
+            let (rows, tokens) = (r.rows, r.tokens);
             pass = s;
             pass_d = format!(
                 "`{name}`: {rows} sequences x {tokens} tokens per forward pass without graph, a \
@@ -486,11 +423,8 @@ fn reward_models(c: &mut Parts, run: &Run) {
             );
         }
     }
-    let d = format!(
-        "{} x {}, loaded before the policy, GGUF blocks dropped",
-        names.join(", "),
-        dtype(run)
-    );
+    let (names, dtype) = (names.join(", "), dtype(run));
+    let d = format!("{names} x {dtype}, loaded before the policy, GGUF blocks dropped");
     c.add("reward_model_weights", weights, d, ALL);
     c.add("reward_model_pass", pass, pass_d, &[Phase::Reward]);
 }
@@ -500,7 +434,7 @@ fn reward_models(c: &mut Parts, run: &Run) {
 /// until the summed loss is dropped, while the two backward passes run one after the other,
 /// so only the larger working set counts (`policy`). Returns its activations.
 fn critic(c: &mut Parts, run: &Run, k: &Critic, policy: &Activations) -> Activations {
-    let (m, dims, mb) = (&k.model, &k.model.dims, &k.update);
+    let (m, dims, mb, kernels) = (&k.model, &k.model.dims, &k.update, run.kernels());
     let weights = tensors(&m.weight_tensors(), run.weight_bytes());
     let lm = if m.unused_lm_head() {
         " (with its unused lm_head)"
@@ -515,21 +449,14 @@ fn critic(c: &mut Parts, run: &Run, k: &Critic, policy: &Activations) -> Activat
     );
     c.add("critic_weights", weights, d, AFTER_POLICY_LOAD);
     training(c, run, m, true, weights);
-    let values = no_grad_pass(dims, run.kernels(), HeadKernel::Score, mb);
+    let values = no_grad_pass(dims, kernels, HeadKernel::Score, mb);
     let (rows, tokens) = mb.passes.first().map_or((0, 0), |p| (p.rows, p.tokens));
     let d = format!(
         "per rollout, micro-batches of {rows} rows x {tokens} tokens through the critic without \
          graph"
     );
     c.add("critic_values", values, d, &[Phase::Values]);
-    let acts = activations(
-        dims,
-        &run.tuning,
-        run.kernels(),
-        HeadKernel::Score,
-        mb,
-        false,
-    );
+    let acts = activations(dims, &run.tuning, kernels, HeadKernel::Score, mb, false);
     let (ours, theirs) = (acts.working_set, policy.working_set);
     let overlap = if ours.bytes <= theirs.bytes {
         ours
