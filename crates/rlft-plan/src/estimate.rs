@@ -120,7 +120,8 @@ pub fn estimate(run: &Run, env: &Environment) -> Result<Plan, PlanError> {
         let (kept, kept_mib, dense_n) =
             (count(kept_params as usize), mib(kept_bytes), count(dense));
         let d = format!(
-            "frozen base in its GGUF blocks: {kept} params in {kept_mib:.0} MiB, {dense_n} params x {dtype}"
+            "frozen base in its GGUF blocks: {kept} params in {kept_mib:.0} MiB, {dense_n} params \
+             x {dtype}"
         );
         c.add(
             "weights",
