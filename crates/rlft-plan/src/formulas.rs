@@ -15,33 +15,37 @@ pub struct Sized {
 }
 
 impl Sized {
+    /// `bytes` in all, `fresh_bytes` of them in fresh buffers.
+    pub fn new(bytes: u64, fresh_bytes: u64) -> Self {
+        Sized { bytes, fresh_bytes }
+    }
+
     /// One buffer of `bytes`.
     pub fn one(bytes: u64) -> Self {
-        Sized::times(bytes, 1)
+        Sized::new(bytes, if bytes >= MMAP_THRESHOLD { bytes } else { 0 })
     }
 
     /// `n` buffers of `bytes` each.
     pub fn times(bytes: u64, n: u64) -> Self {
-        let fresh = if bytes >= MMAP_THRESHOLD { bytes } else { 0 };
-        Sized {
-            bytes: bytes * n,
-            fresh_bytes: fresh * n,
-        }
+        Sized::one(bytes) * n
     }
 
     /// Buffers of the given sizes.
     pub fn of(sizes: impl IntoIterator<Item = u64>) -> Self {
-        sizes
-            .into_iter()
-            .map(Sized::one)
-            .fold(Sized::default(), |a, s| a + s)
+        sizes.into_iter().map(Sized::one).sum()
     }
 
     /// Small buffers (heap) of `bytes` in all.
     pub fn heap(bytes: u64) -> Self {
-        Sized {
-            bytes,
-            fresh_bytes: 0,
+        Sized::new(bytes, 0)
+    }
+
+    /// The one with more bytes (`self` on a tie).
+    pub fn larger(self, o: Sized) -> Sized {
+        if o.bytes > self.bytes {
+            o
+        } else {
+            self
         }
     }
 }
@@ -49,10 +53,20 @@ impl Sized {
 impl std::ops::Add for Sized {
     type Output = Sized;
     fn add(self, o: Sized) -> Sized {
-        Sized {
-            bytes: self.bytes + o.bytes,
-            fresh_bytes: self.fresh_bytes + o.fresh_bytes,
-        }
+        Sized::new(self.bytes + o.bytes, self.fresh_bytes + o.fresh_bytes)
+    }
+}
+
+impl std::ops::Mul<u64> for Sized {
+    type Output = Sized;
+    fn mul(self, n: u64) -> Sized {
+        Sized::new(self.bytes * n, self.fresh_bytes * n)
+    }
+}
+
+impl std::iter::Sum for Sized {
+    fn sum<I: Iterator<Item = Sized>>(it: I) -> Sized {
+        it.fold(Sized::default(), |a, s| a + s)
     }
 }
 
@@ -65,6 +79,19 @@ impl ModelDims {
     /// `kv_heads x head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
+    }
+
+    /// `[hidden, intermediate, q_dim, kv_dim, vocab, layers]` as `u64`.
+    fn wide(&self) -> [u64; 6] {
+        [
+            self.hidden,
+            self.intermediate,
+            self.q_dim(),
+            self.kv_dim(),
+            self.vocab,
+            self.layers,
+        ]
+        .map(|x| x as u64)
     }
 
     /// `(module, out, in)` of one layer's linear layers, in `rlft_model::lora::LORA_MODULES`
@@ -82,40 +109,32 @@ impl ModelDims {
         ]
     }
 
-    /// Elements of one layer's biases (they train outside the linear with full fine-tuning).
-    fn layer_biases(&self) -> [usize; 3] {
-        let (h, i) = (self.hidden, self.intermediate);
-        [
-            if self.qkv_bias {
-                self.q_dim() + 2 * self.kv_dim()
-            } else {
-                0
-            },
-            if self.o_bias { h } else { 0 },
-            if self.mlp_bias { 2 * i + h } else { 0 },
-        ]
+    /// Elements of one layer's biases, those it has (they train outside the linear with full
+    /// fine-tuning).
+    fn layer_biases(&self) -> Vec<u64> {
+        let (h, i, qkv) = (
+            self.hidden,
+            self.intermediate,
+            self.q_dim() + 2 * self.kv_dim(),
+        );
+        let all = [
+            (self.qkv_bias, qkv),
+            (self.o_bias, h),
+            (self.mlp_bias, 2 * i + h),
+        ];
+        all.iter().filter(|b| b.0).map(|b| b.1 as u64).collect()
     }
 
     /// Elements of every weight tensor, as `CausalLm::named_weights` holds them: embedding,
     /// untied head, per layer the linears, norms (q/k norms) and biases, the final norm.
     pub fn weight_tensors(&self) -> Vec<u64> {
         let (h, v, hd) = (self.hidden as u64, self.vocab as u64, self.head_dim as u64);
-        let mut out = vec![v * h];
-        if !self.tied_embeddings {
-            out.push(v * h);
-        }
+        let mut out = vec![v * h; 2 - usize::from(self.tied_embeddings)];
         for _ in 0..self.layers {
             out.extend(self.linears().iter().map(|&(_, o, i)| (o * i) as u64));
             out.extend([h, h]);
-            if self.qk_norm {
-                out.extend([hd, hd]);
-            }
-            out.extend(
-                self.layer_biases()
-                    .iter()
-                    .filter(|&&b| b > 0)
-                    .map(|&b| b as u64),
-            );
+            out.extend(if self.qk_norm { vec![hd, hd] } else { vec![] });
+            out.extend(self.layer_biases());
         }
         out.push(h);
         out
@@ -136,14 +155,12 @@ impl ModelDims {
         let Tuning::Lora(l) = tuning else {
             return Vec::new();
         };
-        let one: Vec<_> = self
+        let one = self
             .linears()
             .into_iter()
-            .filter(|(m, _, _)| l.modules.contains(m))
-            .collect();
-        (0..self.layers)
-            .flat_map(|_| one.iter().map(|&(_, o, i)| (o, i)))
-            .collect()
+            .filter(|(m, _, _)| l.modules.contains(m));
+        let one: Vec<_> = one.map(|(_, o, i)| (o, i)).collect();
+        one.repeat(self.layers)
     }
 
     /// Elements of every trainable tensor: every weight, or the adapters' `A [r, in]` and
@@ -151,11 +168,12 @@ impl ModelDims {
     pub fn trainable_tensors(&self, tuning: &Tuning) -> Vec<u64> {
         match tuning {
             Tuning::Full => self.weight_tensors(),
-            Tuning::Lora(l) => self
-                .adapted(tuning)
-                .into_iter()
-                .flat_map(|(o, i)| [(l.r * i) as u64, (o * l.r) as u64])
-                .collect(),
+            Tuning::Lora(l) => {
+                let adapters = self.adapted(tuning).into_iter();
+                adapters
+                    .flat_map(|(o, i)| [(l.r * i) as u64, (o * l.r) as u64])
+                    .collect()
+            }
         }
     }
 }
@@ -175,21 +193,14 @@ pub fn kv_cache_bytes(dims: &ModelDims, rows: usize, positions: usize, bytes: u6
 /// and the larger of the prefill's buffers ([`no_grad_layer`] with two MLP-wide ones) and
 /// the prompts' own caches, which the rows' copies outlive.
 pub fn generation(dims: &ModelDims, g: &crate::Generation, kv_bytes: u64) -> Sized {
-    let rows = (g.prompts * g.per_prompt) as u64;
-    let (l, positions) = (dims.layers as u64, g.prompt_tokens + g.new_tokens);
-    let per_row = kv_cache_bytes(dims, 1, positions, kv_bytes) / 2 / l.max(1);
-    let kv = Sized::times(per_row, rows * 2 * l);
+    let (rows, l) = ((g.prompts * g.per_prompt) as u64, dims.layers as u64);
+    // One row's k (or v) of one layer for `positions`.
+    let one = |positions| kv_cache_bytes(dims, 1, positions, kv_bytes) / 2 / l.max(1);
+    let kv = Sized::times(one(g.prompt_tokens + g.new_tokens), rows * 2 * l);
     let logits = Sized::times(rows * dims.vocab as u64 * 4, 2);
-    let t = (g.prompts * g.prompt_tokens) as u64;
-    let prefill = no_grad_layer(dims, t, 4, 2);
-    let prompt_row = kv_cache_bytes(dims, 1, g.prompt_tokens, kv_bytes) / 2 / l.max(1);
-    let caches = Sized::times(prompt_row, g.prompts as u64 * 2 * l);
-    kv + logits
-        + if prefill.bytes >= caches.bytes {
-            prefill
-        } else {
-            caches
-        }
+    let prefill = no_grad_layer(dims, (g.prompts * g.prompt_tokens) as u64, 4, 2);
+    let caches = Sized::times(one(g.prompt_tokens), g.prompts as u64 * 2 * l);
+    kv + logits + prefill.larger(caches)
 }
 
 /// Which training kernels the forward runs.
@@ -230,6 +241,13 @@ pub const FUSED_HEAD_BWD_TILE: u64 = 1 << 21;
 /// (`fused::head::KEEP_PROBS`); above it the backward recomputes logits tiles.
 pub const FUSED_HEAD_KEEP: u64 = 1 << 25;
 
+/// Rows of the fused head's forward logits block for `rows` rows of a `vocab` vocabulary.
+fn fused_head_rows(vocab: u64, rows: u64) -> u64 {
+    (FUSED_HEAD_FWD_BLOCK / vocab.max(1))
+        .max(FUSED_HEAD_MIN_ROWS)
+        .min(rows.max(1))
+}
+
 /// Bytes per (head, query, key) the composite attention keeps: bf16 scores and scaled scores,
 /// f32 cast, masked, shifted, `exp` and probabilities, bf16 probabilities (2+2+4x5+2).
 /// Measured with the per-token figures (`plan_activations.rs`).
@@ -250,37 +268,21 @@ pub const SCORE_BYTES: u64 = 26;
 /// - full fine-tuning with biases: the outputs before each trainable bias.
 pub fn layer_bytes_per_token(dims: &ModelDims, kernels: Kernels, tuning: &Tuning) -> u64 {
     let (h, q, kv, i) = (dims.hidden, dims.q_dim(), dims.kv_dim(), dims.intermediate);
-    let lora = match tuning {
-        Tuning::Lora(l) => Some(l),
-        Tuning::Full => None,
+    let (r, dropout, biases) = match tuning {
+        Tuning::Lora(l) => (l.r, usize::from(l.dropout), 0),
+        Tuning::Full => (0, 0, dims.layer_biases().iter().sum::<u64>() as usize),
     };
     // One layer's adapted linears: their inputs, outputs and count.
     let adapted = dims.adapted(tuning);
     let one = &adapted[..adapted.len() / dims.layers.max(1)];
-    let (ins, outs): (usize, usize) =
-        (one.iter().map(|x| x.1).sum(), one.iter().map(|x| x.0).sum());
-    let n_adapted = one.len();
-    let dropout = lora.is_some_and(|l| l.dropout);
-    let biases: usize = if lora.is_none() {
-        dims.layer_biases().iter().sum()
-    } else {
-        0
-    };
+    let (ins, outs) = one.iter().fold((0, 0), |(a, b), x| (a + x.1, b + x.0));
     let qk = usize::from(dims.qk_norm) * (q + kv);
     let bytes = match kernels {
         Kernels::Fused => {
-            4 * (6 * h
-                + 3 * q
-                + 3 * kv
-                + 3 * i
-                + 2 * qk
-                + usize::from(dropout) * ins
-                + lora.map_or(0, |l| l.r) * n_adapted
-                + biases)
+            4 * (6 * h + 3 * q + 3 * kv + 3 * i + 2 * qk + dropout * ins + r * one.len() + biases)
         }
         Kernels::Composite => {
-            let r = lora.map_or(0, |l| l.r);
-            let adapters = (4 + 8 * usize::from(dropout)) * ins + 4 * r * n_adapted + 18 * outs;
+            let adapters = (4 + 8 * dropout) * ins + 4 * r * one.len() + 18 * outs;
             40 * h + 18 * q + 15 * kv + 8 * i + 16 * qk + adapters + 2 * biases
         }
     };
@@ -341,24 +343,18 @@ pub fn activations(
     mb: &MicroBatch,
     checkpointing: bool,
 ) -> Activations {
-    let act: u64 = if kernels == Kernels::Fused { 4 } else { 2 };
-    let (h, v, i, nl) = (
-        dims.hidden as u64,
-        dims.vocab as u64,
-        dims.intermediate as u64,
-        dims.layers as u64,
-    );
-    let per_token = layer_bytes_per_token(dims, kernels, tuning);
-    let per_score = if kernels == Kernels::Composite {
-        SCORE_BYTES
+    let fused = kernels == Kernels::Fused;
+    let (act, per_score, mlp) = if fused {
+        (4, 0, 3)
     } else {
-        0
+        (2, SCORE_BYTES, 4)
     };
+    let [h, i, _, kvd, v, nl] = dims.wide();
+    let per_token = layer_bytes_per_token(dims, kernels, tuning);
     let tokens = mb.tokens() as u64;
     // One layer's buffers, for the mmap threshold: the MLP's `[tokens, i]` tensors (3 fused,
     // 4 composite), the rest as `[tokens, h]` tensors and a small remainder; scores as 5 f32
     // and 3 bf16 buffers per pass.
-    let mlp = if kernels == Kernels::Fused { 3 } else { 4 };
     let rest = per_token.saturating_sub(mlp * i * act);
     let mut one = Sized::default();
     for p in &mb.passes {
@@ -370,17 +366,11 @@ pub fn activations(
             one = one + Sized::times(s * 4, 5) + Sized::times(s * 2, 3);
         }
     }
-    let scale = |s: Sized, n: u64| Sized {
-        bytes: s.bytes * n,
-        fresh_bytes: s.fresh_bytes * n,
+    let (layers, copies) = match checkpointing {
+        true => (one + Sized::times(tokens * h * act, nl + 2), 1),
+        false => (one * nl, nl),
     };
-    let (layers, copies) = if checkpointing {
-        (one + Sized::times(tokens * h * act, nl + 2), 1)
-    } else {
-        (scale(one, nl), nl)
-    };
-    let per_pass =
-        |bytes: u64| Sized::of(mb.passes.iter().map(|p| p.total_tokens() as u64 * bytes));
+    let per_pass = |b: u64| Sized::of(mb.passes.iter().map(|p| p.total_tokens() as u64 * b));
     let mut extra = Vec::new();
     let mut push = |name: &str, size: Sized| {
         extra.push(Part {
@@ -389,61 +379,48 @@ pub fn activations(
         })
     };
     push("token embeddings", per_pass(h * act));
-    push(
-        "final norm",
-        per_pass(h * if kernels == Kernels::Fused { 4 } else { 16 }),
-    );
+    push("final norm", per_pass(h * if fused { 4 } else { 16 }));
     if let Some((n, p)) = mb.shared_prompt {
         // Per layer: the prompt pass's v made contiguous, k and v gathered per completion,
         // and their cat with the completion's own.
         let t = mb.passes.last().map_or(0, |x| x.tokens) as u64;
         let prompts = mb.passes.first().map_or(0, |x| x.rows) as u64;
-        let (n, p, kvd) = (n as u64, p as u64, dims.kv_dim() as u64 * act);
+        let (n, p, kvd) = (n as u64, p as u64, kvd * act);
         let layer = Sized::one(prompts * p * kvd)
             + Sized::times(n * p * kvd, 2)
             + Sized::times(n * (p + t) * kvd, 2);
-        push(
-            "shared-prompt keys/values (gather + cat)",
-            scale(layer, copies),
-        );
+        push("shared-prompt keys/values (gather + cat)", layer * copies);
     }
-    let r = mb.head_rows as u64;
-    let rows_name = if head == HeadKernel::Score {
-        "score head input rows"
-    } else {
-        "LM head input rows"
-    };
+    let (r, score) = (mb.head_rows as u64, head == HeadKernel::Score);
+    let rows = Sized::times(r * h * act, 1 + u64::from(mb.temperature_scaled));
     push(
-        rows_name,
-        Sized::times(r * h * act, 1 + u64::from(mb.temperature_scaled)),
+        if score {
+            "score head input rows"
+        } else {
+            "LM head input rows"
+        },
+        rows,
     );
     let full = matches!(tuning, Tuning::Full);
     let keep = full && r * v <= FUSED_HEAD_KEEP;
-    let fwd_rows = (FUSED_HEAD_FWD_BLOCK / v.max(1))
-        .max(FUSED_HEAD_MIN_ROWS)
-        .min(r.max(1));
     let (name, saved, bwd) = match head {
         HeadKernel::Chunked => {
             // Per block: logits (and their f32 cast for bf16), shifted logits, `exp`.
             let block = |rows: u64| {
-                let f32s = Sized::times(rows * v * 4, 3);
-                match kernels {
-                    Kernels::Fused => f32s,
-                    Kernels::Composite => f32s + Sized::one(rows * v * 2),
-                }
+                let cast = if fused {
+                    Sized::default()
+                } else {
+                    Sized::one(rows * v * 2)
+                };
+                Sized::times(rows * v * 4, 3) + cast
             };
-            let mut s = Sized::default();
-            for _ in 0..r / HEAD_CHUNK {
-                s = s + block(HEAD_CHUNK);
+            let (whole, part) = (r / HEAD_CHUNK, r % HEAD_CHUNK);
+            let mut s = (0..whole).map(|_| block(HEAD_CHUNK)).sum::<Sized>();
+            if part > 0 {
+                s = s + block(part);
             }
-            if r % HEAD_CHUNK > 0 {
-                s = s + block(r % HEAD_CHUNK);
-            }
-            let name = format!(
-                "LM head logits ({} x [<= {HEAD_CHUNK}, {}] blocks x 3)",
-                r.div_ceil(HEAD_CHUNK),
-                v
-            );
+            let blocks = r.div_ceil(HEAD_CHUNK);
+            let name = format!("LM head logits ({blocks} x [<= {HEAD_CHUNK}, {v}] blocks x 3)");
             (
                 name,
                 s,
@@ -454,31 +431,24 @@ pub fn activations(
             // Frozen head: d out / d hidden [rows, h]; trainable: lse per row, and the
             // probabilities when few enough. In flight: the forward's logits block, or the
             // backward's input gradient with (trainable) a logits tile.
-            let saved = match (full, keep) {
-                (true, true) => r * 4 + r * v * 4,
-                (true, false) => r * 4,
-                (false, _) => r * h * 4,
+            let (saved, name) = match (full, keep) {
+                (true, true) => (
+                    r * 4 + r * v * 4,
+                    "LM head (fused): log-sum-exp per row and the [rows, vocab] probabilities",
+                ),
+                (true, false) => (r * 4, "LM head (fused): log-sum-exp per row"),
+                (false, _) => (r * h * 4, "LM head (fused): input gradient [rows, h]"),
             };
+            let fwd_rows = fused_head_rows(v, r);
             let block = if keep { 0 } else { fwd_rows * v * 4 };
             let fwd = Sized::one(block) + Sized::one(fwd_rows * h * 4);
             let tile = if full {
-                Sized::one(FUSED_HEAD_BWD_TILE.min(r * v) * 4)
+                FUSED_HEAD_BWD_TILE.min(r * v) * 4
             } else {
-                Sized::default()
+                0
             };
-            let bwd = tile + Sized::one(r * h * 4);
-            let name = match (full, keep) {
-                (true, true) => {
-                    "LM head (fused): log-sum-exp per row and the [rows, vocab] probabilities"
-                }
-                (true, false) => "LM head (fused): log-sum-exp per row",
-                (false, _) => "LM head (fused): input gradient [rows, h]",
-            };
-            (
-                name.into(),
-                Sized::one(saved),
-                if fwd.bytes >= bwd.bytes { fwd } else { bwd },
-            )
+            let bwd = Sized::of([tile, r * h * 4]);
+            (name.into(), Sized::one(saved), fwd.larger(bwd))
         }
         // Scores in the run's dtype, their f32 cast and the masked values; the backward's
         // [rows, hidden] input gradient.
@@ -489,12 +459,14 @@ pub fn activations(
         ),
     };
     push(&name, saved);
-    let bwd_name = if head == HeadKernel::Score {
-        "score head backward buffers"
-    } else {
-        "LM head forward/backward buffers"
-    };
-    push(bwd_name, bwd);
+    push(
+        if score {
+            "score head backward buffers"
+        } else {
+            "LM head forward/backward buffers"
+        },
+        bwd,
+    );
     let in_flight =
         Sized::times(tokens * i * 4, BACKWARD_I) + Sized::times(tokens * h * 4, BACKWARD_H);
     push("layer backward gradients in flight", in_flight);
@@ -502,7 +474,7 @@ pub fn activations(
     if full {
         // The embedding (and a tied head) gradient as [vocab, hidden] partial sums; a score
         // model's embedding has one.
-        let partial = Sized::times(v * h * act, if head == HeadKernel::Score { 1 } else { 2 });
+        let partial = Sized::times(v * h * act, if score { 1 } else { 2 });
         working_set = working_set + partial;
         push("embedding/head gradient partial sums", partial);
     }
@@ -524,16 +496,9 @@ pub fn activations(
 /// One layer's temporaries of a forward without graph over `t` tokens: x, the norm's output,
 /// q, k, v, the attention output, o, and `mlp` MLP-wide tensors, at `act` bytes.
 fn no_grad_layer(dims: &ModelDims, t: u64, act: u64, mlp: u64) -> Sized {
-    let (h, i, q, kv) = (
-        dims.hidden as u64,
-        dims.intermediate as u64,
-        dims.q_dim() as u64,
-        dims.kv_dim() as u64,
-    );
-    Sized::times(t * h * act, 4)
-        + Sized::times(t * q * act, 2)
-        + Sized::times(t * kv * act, 2)
-        + Sized::times(t * i * act, mlp)
+    let [h, i, q, kv, ..] = dims.wide();
+    let each = |width: u64, n: u64| Sized::times(t * width * act, n);
+    each(h, 4) + each(q, 2) + each(kv, 2) + each(i, mlp)
 }
 
 /// Bytes a no-grad log-prob pass (or a score model's value pass) holds at its peak: one
@@ -557,13 +522,7 @@ pub fn no_grad_pass(
     let head = match head {
         HeadKernel::Score => Sized::one(r * 8),
         HeadKernel::Chunked => Sized::times(r.min(HEAD_CHUNK) * v * 4, 3),
-        HeadKernel::Fused => Sized::one(
-            (FUSED_HEAD_FWD_BLOCK / v.max(1))
-                .max(FUSED_HEAD_MIN_ROWS)
-                .min(r.max(1))
-                * v
-                * 4,
-        ),
+        HeadKernel::Fused => Sized::one(fused_head_rows(v, r) * v * 4),
     };
     out + head + Sized::one(r * dims.hidden as u64 * act)
 }
@@ -576,25 +535,19 @@ impl crate::Model {
         if self.headless && !self.dims.tied_embeddings {
             w.remove(1);
         }
-        if self.score_head {
-            w.push(self.dims.hidden as u64);
-        }
+        w.extend(self.score_head.then_some(self.dims.hidden as u64));
         w
     }
 
     /// Elements of every trainable tensor: every weight, or the adapters (and a score head,
     /// which trains in place beside them).
     pub fn trainable_tensors(&self, tuning: &Tuning) -> Vec<u64> {
-        match tuning {
-            Tuning::Full => self.weight_tensors(),
-            Tuning::Lora(_) => {
-                let mut t = self.dims.trainable_tensors(tuning);
-                if self.score_head {
-                    t.push(self.dims.hidden as u64);
-                }
-                t
-            }
-        }
+        let Tuning::Lora(_) = tuning else {
+            return self.weight_tensors();
+        };
+        let mut t = self.dims.trainable_tensors(tuning);
+        t.extend(self.score_head.then_some(self.dims.hidden as u64));
+        t
     }
 
     /// The trainable tensors that get a gradient: all but a score model's unused `lm_head`.

@@ -135,6 +135,16 @@ pub struct Pass {
 }
 
 impl Pass {
+    /// `rows` sequences of `tokens` inputs attending to `keys` positions.
+    pub fn new(name: &'static str, rows: usize, tokens: usize, keys: usize) -> Self {
+        Pass {
+            name,
+            rows,
+            tokens,
+            keys,
+        }
+    }
+
     /// `rows x tokens`.
     pub fn total_tokens(&self) -> usize {
         self.rows * self.tokens
@@ -158,17 +168,8 @@ pub struct MicroBatch {
 impl MicroBatch {
     /// `rows` plain sequences of `tokens` inputs, `head_rows` of them scored.
     pub fn plain(name: &'static str, rows: usize, tokens: usize, head_rows: usize) -> Self {
-        MicroBatch {
-            passes: vec![Pass {
-                name,
-                rows,
-                tokens: tokens.max(1),
-                keys: tokens.max(1),
-            }],
-            head_rows,
-            shared_prompt: None,
-            temperature_scaled: false,
-        }
+        let t = tokens.max(1);
+        MicroBatch::of(vec![Pass::new(name, rows, t, t)], head_rows, None)
     }
 
     /// A prompt pass of `prompt_rows` rows of `prompt` tokens, then `completions` rows of
@@ -181,23 +182,19 @@ impl MicroBatch {
         completion: usize,
     ) -> Self {
         let ts = completion.saturating_sub(1).max(1);
+        let passes = vec![
+            Pass::new("prompt pass", prompt_rows, prompt, prompt),
+            Pass::new("completion pass", completions, ts, prompt + ts),
+        ];
+        let shared = Some((completions, prompt));
+        MicroBatch::of(passes, completions * completion, shared)
+    }
+
+    fn of(passes: Vec<Pass>, head_rows: usize, shared_prompt: Option<(usize, usize)>) -> Self {
         MicroBatch {
-            passes: vec![
-                Pass {
-                    name: "prompt pass",
-                    rows: prompt_rows,
-                    tokens: prompt,
-                    keys: prompt,
-                },
-                Pass {
-                    name: "completion pass",
-                    rows: completions,
-                    tokens: ts,
-                    keys: prompt + ts,
-                },
-            ],
-            head_rows: completions * completion,
-            shared_prompt: Some((completions, prompt)),
+            passes,
+            head_rows,
+            shared_prompt,
             temperature_scaled: false,
         }
     }
