@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Args;
 use rlft::config::dpo::DpoConfig;
-use rlft::dpo::{prepare, train, SUMMARY};
+use rlft::dpo::{prepare, train};
 use rlft::run::offline::summary_json;
 
 use crate::train_cmd::{self, TrainArgs};
@@ -24,3 +24,13 @@ pub fn run(a: DpoArgs) -> Result<()> {
     println!("{}", summary_json(&summary, SUMMARY));
     Ok(())
 }
+
+/// The eval figures of the JSON summary line `rlft dpo` prints at the end
+/// ([`summary_json`]).
+const SUMMARY: &[(&str, &str)] = &[
+    ("initial_eval_loss", "eval_loss"),
+    ("final_eval_loss", "eval_loss"),
+    ("initial_eval_accuracy", "eval_rewards/accuracies"),
+    ("final_eval_accuracy", "eval_rewards/accuracies"),
+    ("final_eval_margin", "eval_rewards/margins"),
+];

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use rlft::config::reward::RewardConfig;
 use rlft::reward_model::score::score_dataset;
-use rlft::reward_model::{prepare, train, SUMMARY};
+use rlft::reward_model::{prepare, train};
 use rlft::run::offline::summary_json;
 use rlft_model::load::LoadOptions;
 use rlft_model::score::load_score_model;
@@ -103,3 +103,12 @@ pub fn run_score(a: ScoreArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// The eval figures of the JSON summary line `rlft reward-model` prints at the end
+/// ([`summary_json`]).
+const SUMMARY: &[(&str, &str)] = &[
+    ("initial_eval_accuracy", "eval_accuracy"),
+    ("final_eval_accuracy", "eval_accuracy"),
+    ("final_eval_loss", "eval_loss"),
+    ("final_eval_margin", "eval_margin"),
+];

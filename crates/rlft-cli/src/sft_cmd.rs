@@ -4,7 +4,7 @@ use anyhow::Result;
 use clap::Args;
 use rlft::config::sft::SftConfig;
 use rlft::run::offline::summary_json;
-use rlft::sft::{prepare, train, SUMMARY};
+use rlft::sft::{prepare, train};
 
 use crate::train_cmd::{self, TrainArgs};
 
@@ -24,3 +24,10 @@ pub fn run(a: SftArgs) -> Result<()> {
     println!("{}", summary_json(&summary, SUMMARY));
     Ok(())
 }
+
+/// The eval figures of the JSON summary line `rlft sft` prints at the end
+/// ([`summary_json`]).
+const SUMMARY: &[(&str, &str)] = &[
+    ("initial_eval_loss", "eval_loss"),
+    ("final_eval_loss", "eval_loss"),
+];

@@ -328,13 +328,3 @@ pub fn train(cfg: &DpoConfig, p: &mut Prepared, opts: &RunOptions) -> Result<Run
     let steps = (p.train.len(), p.total_steps);
     offline::run(cfg, algo, steps, &mut p.policy, opts)
 }
-
-/// The eval figures of the JSON summary line `rlft dpo` prints at the end
-/// ([`offline::summary_json`]).
-pub const SUMMARY: &[(&str, &str)] = &[
-    ("initial_eval_loss", "eval_loss"),
-    ("final_eval_loss", "eval_loss"),
-    ("initial_eval_accuracy", "eval_rewards/accuracies"),
-    ("final_eval_accuracy", "eval_rewards/accuracies"),
-    ("final_eval_margin", "eval_rewards/margins"),
-];

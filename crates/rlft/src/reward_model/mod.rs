@@ -229,12 +229,3 @@ pub fn train(cfg: &RewardConfig, p: &mut Prepared, opts: &RunOptions) -> Result<
     let steps = (p.train.len(), p.total_steps);
     offline::run(cfg, algo, steps, &mut p.policy, opts)
 }
-
-/// The eval figures of the JSON summary line `rlft reward-model` prints at the end
-/// ([`offline::summary_json`]).
-pub const SUMMARY: &[(&str, &str)] = &[
-    ("initial_eval_accuracy", "eval_accuracy"),
-    ("final_eval_accuracy", "eval_accuracy"),
-    ("final_eval_loss", "eval_loss"),
-    ("final_eval_margin", "eval_margin"),
-];
