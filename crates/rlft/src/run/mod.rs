@@ -44,6 +44,8 @@ use crate::error::{Result, TrainerError};
 use console::{line, log};
 pub use console::{Console, Format, Shown, GRAD_NORM, LEARNING_RATE, LOSS};
 pub use optim::{StepOutcome, StepStats};
+use summary::find;
+pub use summary::RunSummary;
 
 /// `(name, value)` metric pairs in logging order.
 pub type Metrics = Vec<(String, f64)>;
@@ -78,48 +80,6 @@ pub struct Policy {
     pub generation: GenerationConfig,
     /// Padding id.
     pub pad_id: u32,
-}
-
-/// What a finished (or interrupted) run reports.
-#[derive(Debug, Clone, Default)]
-pub struct RunSummary {
-    /// Optimiser steps taken in total.
-    pub global_step: u64,
-    /// Eval metrics before training (None without eval data or when resuming).
-    pub eval_initial: Option<Metrics>,
-    /// Eval metrics at the end.
-    pub eval_final: Option<Metrics>,
-    /// Metrics of every step run in this process.
-    pub steps: Vec<Metrics>,
-    /// Steps skipped for a non-finite loss or gradient norm.
-    pub skipped_steps: u64,
-    /// Whether Ctrl-C stopped the run early.
-    pub interrupted: bool,
-    /// Where the final model (merged, with LoRA) was written.
-    pub final_dir: Option<PathBuf>,
-    /// Wall seconds of this process's training.
-    pub wall_time_s: f64,
-}
-
-impl RunSummary {
-    /// Eval metric `key` before training.
-    pub fn initial_metric(&self, key: &str) -> Option<f64> {
-        find(self.eval_initial.as_deref()?, key)
-    }
-
-    /// Eval metric `key` at the end.
-    pub fn final_metric(&self, key: &str) -> Option<f64> {
-        find(self.eval_final.as_deref()?, key)
-    }
-
-    /// Metric `key` of every step run in this process that logged it.
-    pub fn step_values(&self, key: &str) -> Vec<f64> {
-        self.steps.iter().filter_map(|m| find(m, key)).collect()
-    }
-}
-
-fn find(m: &[(String, f64)], key: &str) -> Option<f64> {
-    m.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
 }
 
 /// Where the run is, for an algorithm's hooks.

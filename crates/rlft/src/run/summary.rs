@@ -1,10 +1,55 @@
-//! `run_summary.json`: config, wall time, peak memory, eval before/after, status.
+//! What a run reports ([`RunSummary`]) and `run_summary.json`: config, wall time, peak
+//! memory, eval before/after, status.
 
 use serde_json::json;
 
-use super::{Metrics, RunSummary};
+use std::path::PathBuf;
+
+use super::Metrics;
 use crate::config::TrainerConfig;
 use crate::error::{Result, TrainerError};
+
+/// What a finished (or interrupted) run reports.
+#[derive(Debug, Clone, Default)]
+pub struct RunSummary {
+    /// Optimiser steps taken in total.
+    pub global_step: u64,
+    /// Eval metrics before training (None without eval data or when resuming).
+    pub eval_initial: Option<Metrics>,
+    /// Eval metrics at the end.
+    pub eval_final: Option<Metrics>,
+    /// Metrics of every step run in this process.
+    pub steps: Vec<Metrics>,
+    /// Steps skipped for a non-finite loss or gradient norm.
+    pub skipped_steps: u64,
+    /// Whether Ctrl-C stopped the run early.
+    pub interrupted: bool,
+    /// Where the final model (merged, with LoRA) was written.
+    pub final_dir: Option<PathBuf>,
+    /// Wall seconds of this process's training.
+    pub wall_time_s: f64,
+}
+
+impl RunSummary {
+    /// Eval metric `key` before training.
+    pub fn initial_metric(&self, key: &str) -> Option<f64> {
+        find(self.eval_initial.as_deref()?, key)
+    }
+
+    /// Eval metric `key` at the end.
+    pub fn final_metric(&self, key: &str) -> Option<f64> {
+        find(self.eval_final.as_deref()?, key)
+    }
+
+    /// Metric `key` of every step run in this process that logged it.
+    pub fn step_values(&self, key: &str) -> Vec<f64> {
+        self.steps.iter().filter_map(|m| find(m, key)).collect()
+    }
+}
+
+pub(super) fn find(m: &[(String, f64)], key: &str) -> Option<f64> {
+    m.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
+}
 
 /// This process's peak resident memory (VmHWM), in MiB.
 pub fn peak_rss_mib() -> Option<f64> {
