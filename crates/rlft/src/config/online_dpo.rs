@@ -238,6 +238,8 @@ mod tests {
     fn trl_defaults_and_the_online_view() {
         let c = parse("per_device_train_batch_size = 3").unwrap();
         assert_eq!(c.args.learning_rate, 5e-7);
+        // The flattened rollout section keeps this command's defaults, not RolloutConfig's.
+        assert_eq!(c.rollout.temperature, 0.9);
         assert_eq!((c.max_new_tokens, c.max_length), (64, 512));
         assert_eq!(c.loss_type, DpoLossType::Sigmoid);
         let o = c.online();
