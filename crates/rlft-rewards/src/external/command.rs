@@ -39,9 +39,12 @@ pub struct CommandReward {
 /// A reward process kept running between batches: started on the first request, sent one
 /// request per batch, read line by line against the batch's deadline, and killed (with its
 /// process group) when it times out, crashes or says something out of protocol. The `command`
-/// and `python` rewards both drive one, so there is a single process manager.
-pub(crate) struct Process {
+/// and `python` rewards and the external tools of crate `rlft-tools` all drive one, so there
+/// is a single process manager.
+pub struct Process {
     reward: String,
+    /// What the process is and what it answers, for messages: ("reward", "samples").
+    noun: (&'static str, &'static str),
     argv: Vec<String>,
     /// How messages name the process.
     shown: String,
@@ -140,7 +143,7 @@ impl Reward for CommandReward {
 impl Process {
     /// A process running `argv` (not started yet), named `shown` in messages; each batch may
     /// take `timeout_s` seconds. `program_key` is the config key naming `argv[0]`.
-    pub(crate) fn new(
+    pub fn new(
         reward: String,
         argv: Vec<String>,
         shown: String,
@@ -149,6 +152,7 @@ impl Process {
     ) -> Result<Self, RewardError> {
         Ok(Process {
             timeout: timeout(&reward, timeout_s)?,
+            noun: ("reward", "samples"),
             reward,
             argv,
             shown,
@@ -196,8 +200,15 @@ impl Process {
         }
     }
 
+    /// The same process named in messages as a `what` answering `units` (a tool answering
+    /// calls) instead of a reward answering samples.
+    pub fn named(mut self, what: &'static str, units: &'static str) -> Self {
+        self.noun = (what, units);
+        self
+    }
+
     /// A protocol error of this reward.
-    pub(crate) fn protocol(&self, message: String) -> RewardError {
+    pub fn protocol(&self, message: String) -> RewardError {
         RewardError::Protocol {
             reward: self.reward.clone(),
             message,
@@ -205,7 +216,7 @@ impl Process {
     }
 
     /// Kills the process, if one runs; the next [`Process::send`] starts a fresh one.
-    pub(crate) fn reset(&mut self) {
+    pub fn reset(&mut self) {
         if let Some(mut worker) = self.worker.take() {
             worker.kill();
         }
@@ -214,7 +225,7 @@ impl Process {
     /// The error for a process that closed its stdout: its exit status and last stderr lines.
     fn crashed(&mut self, answered: usize, of: usize) -> RewardError {
         let Some(mut worker) = self.worker.take() else {
-            return self.protocol("the reward process is gone".into());
+            return self.protocol(format!("the {} process is gone", self.noun.0));
         };
         let status = worker.wait_exit(Duration::from_secs(2));
         let _ = worker.stderr_done.recv_timeout(Duration::from_millis(500));
@@ -222,8 +233,8 @@ impl Process {
         RewardError::Process {
             reward: self.reward.clone(),
             message: format!(
-                "reward process {} {status} after answering {answered} of {of} samples; {stderr}",
-                self.shown
+                "{} process {} {status} after answering {answered} of {of} {}; {stderr}",
+                self.noun.0, self.shown, self.noun.1
             ),
         }
     }
@@ -231,7 +242,7 @@ impl Process {
     /// Starts the process if none runs, checks that it printed nothing since the last batch,
     /// and sends `payload` (the request for a batch of `n` samples). Returns the deadline of
     /// the answer.
-    pub(crate) fn send(&mut self, payload: Vec<u8>, n: usize) -> Result<Instant, RewardError> {
+    pub fn send(&mut self, payload: Vec<u8>, n: usize) -> Result<Instant, RewardError> {
         let deadline = Instant::now() + self.timeout;
         if self.worker.is_none() {
             self.worker = Some(self.spawn()?);
@@ -262,7 +273,7 @@ impl Process {
     /// The next non-blank line of the process's stdout, waiting until `deadline`. A process
     /// that exits or does not answer in time is killed; `answered` of `n` samples say how far
     /// the batch got, for the error.
-    pub(crate) fn next_line(
+    pub fn next_line(
         &mut self,
         deadline: Instant,
         answered: usize,
@@ -271,7 +282,7 @@ impl Process {
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             let Some(worker) = self.worker.as_mut() else {
-                return Err(self.protocol("the reward process is gone".into()));
+                return Err(self.protocol(format!("the {} process is gone", self.noun.0)));
             };
             match worker.lines.recv_timeout(remaining) {
                 Ok(Line::Text(line)) if line.trim().is_empty() => {}
@@ -289,9 +300,9 @@ impl Process {
                         reward: self.reward.clone(),
                         seconds: self.timeout_s,
                         detail: format!(
-                            "process {} answered {answered} of {n} samples; it was killed and starts \
+                            "process {} answered {answered} of {n} {}; it was killed and starts \
                              again on the next batch",
-                            self.shown
+                            self.shown, self.noun.1
                         ),
                     });
                 }
