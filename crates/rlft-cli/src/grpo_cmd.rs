@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use rlft::config::online::OnlineConfig;
 use rlft::config::online_dpo::OnlineDpoConfig;
 use rlft::config::TrainerConfig;
-use rlft::online::setup::{eval_prompts, reward_set};
+use rlft::online::setup::{eval_prompts, reward_set, turns};
 use rlft::online::{eval_settings, prepare, train};
 use rlft::rollout::eval::{evaluate, sample_reward_parts};
 use serde_json::{json, Value};
@@ -131,7 +131,15 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
     let pad_id = rlft_model::score::pad_id_of(&loaded.generation);
     let settings = eval_settings(&cfg, &loaded.generation.eos_token_ids, pad_id);
     let t = std::time::Instant::now();
-    let r = evaluate(&loaded.model, &loaded.text, &items, &mut rewards, &settings)?;
+    let turns = turns(&cfg, &loaded.text)?;
+    let r = evaluate(
+        &loaded.model,
+        &loaded.text,
+        &items,
+        &mut rewards,
+        &settings,
+        turns.as_ref(),
+    )?;
     let names = rewards.names();
     if let Some(path) = &a.output {
         let mut out = String::new();
@@ -148,6 +156,8 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
                     "rewards": parts,
                     "completion_tokens": s.completion_ids.len(),
                     "truncated": s.truncated,
+                    "tool_calls": s.tools.as_ref().map_or(0, |t| t.calls),
+                    "tool_failures": s.tools.as_ref().map_or(0, |t| t.failures),
                 })
                 .to_string(),
             );

@@ -19,6 +19,9 @@ pub enum TrainerError {
     /// Reward functions.
     #[error(transparent)]
     Reward(#[from] rlft_rewards::RewardError),
+    /// Tool specs (`[[tools]]`).
+    #[error(transparent)]
+    Tool(#[from] rlft_tools::ToolError),
     /// Model problems.
     #[error(transparent)]
     Model(#[from] rlft_model::ModelError),

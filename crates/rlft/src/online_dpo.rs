@@ -143,7 +143,7 @@ impl Algorithm for OnlineDpo<'_> {
         let settings = rollout_settings(o, policy, mix(o.args.seed, at.global_step));
         self.rewards.set_trainer_state(at.into());
         let (samples, scores) = generate_and_score(
-            Sampler::Policy(&policy.model),
+            Sampler::Policy(&policy.model, None),
             &policy.text,
             self.train,
             &prompts,
@@ -300,7 +300,7 @@ impl Algorithm for OnlineDpo<'_> {
 
     fn evaluate(&mut self, policy: &Policy, at: Position) -> Result<Option<Metrics>> {
         self.logs
-            .evaluate(&self.online, policy, self.eval, self.rewards, at)
+            .evaluate(&self.online, policy, self.eval, self.rewards, None, at)
     }
 }
 

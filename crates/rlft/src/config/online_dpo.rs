@@ -126,6 +126,13 @@ impl TrainerConfig for OnlineDpoConfig {
 
     fn validate_own(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        if !self.rollout.tools.is_empty() {
+            return bad(
+                "[[tools]] work with the policy-gradient trainers (rlft grpo, rloo, ppo), not \
+                 with Online DPO yet; remove the tools or train with rlft grpo"
+                    .into(),
+            );
+        }
         if self.max_new_tokens == 0 {
             return bad("max_new_tokens must be at least 1".into());
         }

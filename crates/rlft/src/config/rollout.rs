@@ -6,6 +6,7 @@
 
 use rlft_model::sampling::SamplingParams;
 use rlft_rewards::RewardSpec;
+use rlft_tools::ToolSpec;
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
@@ -35,6 +36,10 @@ pub struct RolloutConfig {
     pub num_completions_to_log: usize,
     /// Evaluate at most this many eval prompts (0 = all).
     pub eval_max_prompts: usize,
+    /// Tools the model may call inside a completion (`[[tools]]` tables; see `docs/tools.md`).
+    pub tools: Vec<ToolSpec>,
+    /// Most tool-calling rounds per completion (TRL's name); unset: until the completion budget.
+    pub max_tool_calling_iterations: Option<usize>,
 }
 
 impl Default for RolloutConfig {
@@ -51,6 +56,8 @@ impl Default for RolloutConfig {
             reward_weights: None,
             num_completions_to_log: 4,
             eval_max_prompts: 0,
+            tools: Vec::new(),
+            max_tool_calling_iterations: None,
         }
     }
 }
@@ -96,6 +103,21 @@ impl RolloutConfig {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad(format!("top_p must be in (0, 1] (got {})", self.top_p));
         }
+        if self.max_tool_calling_iterations == Some(0) {
+            return bad(
+                "max_tool_calling_iterations = 0 allows no tool call; set it to 1 or more, or \
+                 remove the [[tools]] tables"
+                    .into(),
+            );
+        }
+        if self.tools.is_empty() && self.max_tool_calling_iterations.is_some() {
+            return bad(
+                "max_tool_calling_iterations is set but there are no [[tools]]; add a tool \
+                 (e.g. [[tools]] type = \"calculator\") or remove the key"
+                    .into(),
+            );
+        }
+        rlft_tools::ToolBox::new(&self.tools).map_err(|e| ConfigError::Invalid(e.to_string()))?;
         Ok(())
     }
 }

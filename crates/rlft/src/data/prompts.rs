@@ -21,6 +21,9 @@ pub struct PromptItem {
     pub ids: Vec<u32>,
     /// The rendered prompt text (what the ids encode).
     pub text: String,
+    /// The conversation the prompt renders (empty for a model without a chat template): what
+    /// tool answers are rendered after ([`crate::rollout::turns`]).
+    pub messages: Vec<Message>,
     /// The whole dataset row (rewards read their columns from it).
     pub row: Value,
 }
@@ -94,17 +97,33 @@ fn json_kind(v: &Value) -> &'static str {
     }
 }
 
+/// How [`build_prompts`] renders a row.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptFormat<'a> {
+    /// The column holding the prompt.
+    pub column: &'a str,
+    /// Put first when the conversation has no system message.
+    pub system_prompt: Option<&'a str>,
+    /// Tool schemas for the template's `tools` variable (`None`: no tools).
+    pub tools: Option<&'a [Value]>,
+}
+
 /// Renders and tokenizes every row of `ds`; applies the length policy.
 pub fn build_prompts(
     ds: &Dataset,
     text: &TextBundle,
-    prompt_column: &str,
-    system_prompt: Option<&str>,
+    format: PromptFormat<'_>,
     max_prompt_length: usize,
     policy: LengthPolicy,
 ) -> Result<(Vec<PromptItem>, PromptReport)> {
+    let PromptFormat {
+        column: prompt_column,
+        system_prompt,
+        tools,
+    } = format;
     let template = text.compile_chat_template().ok();
-    let opts = text.render_options(true);
+    let mut opts = text.render_options(true);
+    opts.tools = tools.map(<[Value]>::to_vec);
     let mut report = PromptReport {
         rows: ds.len(),
         ..Default::default()
@@ -152,6 +171,7 @@ pub fn build_prompts(
             row_index: i,
             ids,
             text: rendered,
+            messages: if template.is_some() { msgs } else { Vec::new() },
             row: row.clone(),
         });
     }
@@ -171,6 +191,14 @@ mod tests {
     use rlft_model::tiny::tiny_text_bundle;
     use serde_json::json;
 
+    fn fmt(system_prompt: Option<&str>) -> PromptFormat<'_> {
+        PromptFormat {
+            column: "prompt",
+            system_prompt,
+            tools: None,
+        }
+    }
+
     #[test]
     fn strings_and_messages_render_and_length_policy_counts() {
         let text = tiny_text_bundle().unwrap();
@@ -180,25 +208,17 @@ mod tests {
             json!({"prompt": "a much longer prompt with many words in it to exceed", "answer": "3"}),
         ])
         .unwrap();
-        let (p, r) =
-            build_prompts(&ds, &text, "prompt", Some("sys"), 1000, LengthPolicy::Drop).unwrap();
+        let (p, r) = build_prompts(&ds, &text, fmt(Some("sys")), 1000, LengthPolicy::Drop).unwrap();
         assert_eq!(p.len(), 3);
         assert_eq!(r.dropped, 0);
         assert!(p[0].text.contains("sys") && p[0].text.contains("hello"));
         assert_eq!(p[1].row["answer"], "2");
         let limit = p[0].ids.len().max(p[1].ids.len());
         let (p2, r2) =
-            build_prompts(&ds, &text, "prompt", Some("sys"), limit, LengthPolicy::Drop).unwrap();
+            build_prompts(&ds, &text, fmt(Some("sys")), limit, LengthPolicy::Drop).unwrap();
         assert_eq!((p2.len(), r2.dropped), (2, 1));
-        let (p3, r3) = build_prompts(
-            &ds,
-            &text,
-            "prompt",
-            Some("sys"),
-            limit,
-            LengthPolicy::Truncate,
-        )
-        .unwrap();
+        let (p3, r3) =
+            build_prompts(&ds, &text, fmt(Some("sys")), limit, LengthPolicy::Truncate).unwrap();
         assert_eq!((p3.len(), r3.truncated), (3, 1));
         assert_eq!(p3[2].ids.len(), limit);
         assert_eq!(p3[2].ids.last(), p[2].ids.last());
@@ -208,7 +228,7 @@ mod tests {
     fn missing_column_names_the_fix() {
         let text = tiny_text_bundle().unwrap();
         let ds = Dataset::from_rows(vec![json!({"question": "x"})]).unwrap();
-        let e = build_prompts(&ds, &text, "prompt", None, 100, LengthPolicy::Drop)
+        let e = build_prompts(&ds, &text, fmt(None), 100, LengthPolicy::Drop)
             .unwrap_err()
             .to_string();
         assert!(e.contains("prompt_column") && e.contains("question"), "{e}");

@@ -104,6 +104,7 @@ pub fn pair_logps(
         row_index: 0,
         ids: ids.to_vec(),
         text: String::new(),
+        messages: Vec::new(),
         row: Value::Null,
     };
     let sample = |prompt: usize, ids: &[u32]| Sample {
@@ -112,6 +113,7 @@ pub fn pair_logps(
         text: String::new(),
         truncated: false,
         sampler_logprobs: None,
+        tools: None,
     };
     let (mut chosen, mut rejected) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for p in pairs {

@@ -104,6 +104,7 @@ fn placeholder() -> Sample {
         text: String::new(),
         truncated: false,
         sampler_logprobs: None,
+        tools: None,
     }
 }
 
@@ -159,6 +160,7 @@ mod tests {
                 text: String::new(),
                 truncated: false,
                 sampler_logprobs: None,
+                tools: None,
             })
             .collect();
         GenBatch {

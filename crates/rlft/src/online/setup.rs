@@ -11,12 +11,12 @@ use rlft_rewards::{build_reward, Reward, RewardError, RewardKind, RewardSet, Rew
 use rlft_text::TextBundle;
 
 use crate::config::online::{BatchPlan, EvalDecoding, OnlineConfig};
-use crate::data::prompts::{build_prompts, PromptItem, PromptReport};
+use crate::data::prompts::{build_prompts, PromptFormat, PromptItem, PromptReport};
 use crate::error::{Result, TrainerError};
 use crate::online::critic::Critic;
 use crate::reward_model::reward::{ModelReward, PolicyModel, PromptSource};
 use crate::rollout::eval::EvalSettings;
-use crate::rollout::RolloutSettings;
+use crate::rollout::{RolloutSettings, Turns};
 use crate::run::optim::mix;
 use crate::run::{setup, Policy};
 
@@ -75,6 +75,8 @@ pub struct Prepared {
     pub plan: BatchPlan,
     /// PPO's value model (`advantage_estimator = "gae"`).
     pub critic: Option<Critic>,
+    /// The tools completions may call (`[[tools]]`), with the template that shows them.
+    pub turns: Option<Turns>,
 }
 
 /// The reward functions of a config. A `type = "model"` reward loads its reward model here
@@ -170,20 +172,36 @@ pub fn eval_source(cfg: &OnlineConfig) -> Option<(PathBuf, Option<String>)> {
 }
 
 /// The prompts of `ds` as the config renders and limits them (`prompt_column`,
-/// `system_prompt`, `max_prompt_length`, `prompt_truncation`).
+/// `system_prompt`, the tools' schemas, `max_prompt_length`, `prompt_truncation`).
 pub fn prompts(
     cfg: &OnlineConfig,
     ds: &Dataset,
     text: &TextBundle,
 ) -> Result<(Vec<PromptItem>, PromptReport)> {
+    let tools = rlft_tools::ToolBox::new(&cfg.rollout.tools)?.schemas();
+    let format = PromptFormat {
+        column: &cfg.rollout.prompt_column,
+        system_prompt: cfg.args.system_prompt.as_deref(),
+        tools: (!tools.is_empty()).then_some(&tools[..]),
+    };
     build_prompts(
         ds,
         text,
-        &cfg.rollout.prompt_column,
-        cfg.args.system_prompt.as_deref(),
+        format,
         cfg.max_prompt_length,
         cfg.prompt_truncation,
     )
+}
+
+/// The tools of a config for a model with tokenizer `text` (`None` without `[[tools]]`).
+pub fn turns(cfg: &OnlineConfig, text: &TextBundle) -> Result<Option<Turns>> {
+    let r = &cfg.rollout;
+    let turns = Turns::new(&r.tools, r.max_tool_calling_iterations, text)?;
+    if turns.is_some() {
+        let names: Vec<&str> = r.tools.iter().map(|t| t.display_name()).collect();
+        eprintln!("tools: {}", names.join(", "));
+    }
+    Ok(turns)
 }
 
 /// Loads the eval prompts the config names: `eval_dataset` (with `eval_split`), else
@@ -221,6 +239,7 @@ pub fn prepare(cfg: &OnlineConfig, model_path: &Path, device: &Device) -> Result
             a.dataset.display()
         )));
     }
+    let turns = turns(cfg, &policy.text)?;
     let (train, report) = prompts(cfg, &ds, &policy.text)?;
     eprintln!("train prompts: {report}");
     // Every reward must find its columns: score one dummy completion of the first row.
@@ -265,6 +284,7 @@ pub fn prepare(cfg: &OnlineConfig, model_path: &Path, device: &Device) -> Result
         rewards,
         plan,
         critic,
+        turns,
     })
 }
 

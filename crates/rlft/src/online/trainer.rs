@@ -25,10 +25,10 @@ use crate::error::Result;
 use crate::online::critic::Critic;
 use crate::rollout::logs::{online_step_metrics, OnlineLogs};
 use crate::rollout::remote::ServerPool;
-use crate::rollout::stats::{rollout_metrics, HealthMonitor};
+use crate::rollout::stats::{rollout_metrics, tool_metrics, HealthMonitor};
 use crate::rollout::{
     generate_and_score, no_grad_passes, policy_pass, timed, MicroRows, NoGradPasses, Sample,
-    Sampler, ScoreOptions,
+    Sampler, ScoreOptions, Turns,
 };
 use crate::run::optim::mix;
 use crate::run::{
@@ -67,6 +67,7 @@ struct Online<'a> {
     cfg: &'a OnlineConfig,
     reference: Option<&'a CausalLm>,
     critic: Option<&'a Critic>,
+    turns: Option<&'a Turns>,
     train: &'a [PromptItem],
     eval: &'a [PromptItem],
     rewards: &'a mut RewardSet,
@@ -104,7 +105,7 @@ impl Online<'_> {
         };
         let sampler = match self.servers.as_ref().zip(served.as_deref()) {
             Some((pool, model)) => Sampler::Servers { pool, model },
-            None => Sampler::Policy(&policy.model),
+            None => Sampler::Policy(&policy.model, self.turns),
         };
         let mut generate = |data: &mut DataCursor, seed: u64, times: &mut Metrics| {
             let prompts = data.take(want);
@@ -230,6 +231,9 @@ impl Algorithm for Online<'_> {
         if est.frac_zero_std.is_none() {
             metrics.retain(|(k, _)| k != "frac_reward_zero_std");
         }
+        if self.turns.is_some() {
+            metrics.extend(tool_metrics("", &samples));
+        }
         metrics.extend(est.metrics);
         metrics.extend(sampling_metrics);
         metrics.extend(is_stats);
@@ -275,7 +279,7 @@ impl Algorithm for Online<'_> {
     ) -> Result<Option<Tensor>> {
         let cfg = self.cfg;
         let keep = |i: usize| !(cfg.mask_truncated_completions && r.samples[i].truncated);
-        let tokens = |i: usize| usize::from(keep(i)) * r.samples[i].completion_ids.len();
+        let tokens = |i: usize| usize::from(keep(i)) * r.samples[i].sampled_tokens();
         let num_items: usize = step.iter().flatten().map(|&i| tokens(i)).sum();
         let row_tokens: Vec<usize> = mb.iter().map(|&i| tokens(i)).collect();
         let split = split_micro_batch(mb, r.zero_adv.as_deref(), &row_tokens);
@@ -380,7 +384,7 @@ impl Algorithm for Online<'_> {
 
     fn evaluate(&mut self, policy: &Policy, at: Position) -> Result<Option<Metrics>> {
         self.logs
-            .evaluate(self.cfg, policy, self.eval, self.rewards, at)
+            .evaluate(self.cfg, policy, self.eval, self.rewards, self.turns, at)
     }
 }
 
@@ -429,6 +433,7 @@ fn train_with(
         cfg,
         reference: p.reference.as_ref(),
         critic: p.critic.as_ref(),
+        turns: p.turns.as_ref(),
         train: &p.train,
         eval: &p.eval,
         logs: OnlineLogs::new(p.rewards.names(), cfg.rollout.num_completions_to_log),

@@ -6,8 +6,8 @@ use rlft_model::sampling::SamplingParams;
 use rlft_rewards::{RewardSet, Scores};
 use rlft_text::TextBundle;
 
-use super::stats::{length_metrics, reward_metrics, Metrics};
-use super::{rollout_model, sample_completions, RolloutSettings, Sample};
+use super::stats::{length_metrics, reward_metrics, tool_metrics, Metrics};
+use super::{rollout_model, sample_completions, RolloutSettings, Sample, Turns};
 use crate::data::prompts::PromptItem;
 use crate::error::Result;
 
@@ -72,13 +72,15 @@ pub struct EvalResult {
     pub scores: Scores,
 }
 
-/// Generates one completion per prompt of `items` and scores it.
+/// Generates one completion per prompt of `items` (calling `turns`' tools, if any) and scores
+/// it.
 pub fn evaluate(
     model: &CausalLm,
     text: &TextBundle,
     items: &[PromptItem],
     rewards: &mut RewardSet,
     s: &EvalSettings,
+    turns: Option<&Turns>,
 ) -> Result<EvalResult> {
     let gen_model = rollout_model(model)?;
     let settings = RolloutSettings {
@@ -97,7 +99,7 @@ pub fn evaluate(
     let idx: Vec<usize> = (0..items.len()).collect();
     for chunk in idx.chunks(s.batch_size.max(1)) {
         samples.extend(sample_completions(
-            &gen_model, text, items, chunk, &settings,
+            &gen_model, text, items, chunk, &settings, turns,
         )?);
     }
     let scores = score_samples(rewards, items, &samples)?;
@@ -106,6 +108,9 @@ pub fn evaluate(
     let lens: Vec<usize> = samples.iter().map(|x| x.completion_ids.len()).collect();
     let trunc: Vec<bool> = samples.iter().map(|x| x.truncated).collect();
     metrics.extend(length_metrics("eval/", &lens, &trunc));
+    if turns.is_some() {
+        metrics.extend(tool_metrics("eval/", &samples));
+    }
     Ok(EvalResult {
         metrics,
         samples,

@@ -5,7 +5,7 @@ use rlft_rewards::{RewardSet, Scores};
 
 use super::eval::evaluate;
 use super::samples::{pick, LoggedSample, SampleLog};
-use super::Sample;
+use super::{Sample, Turns};
 use crate::config::online::OnlineConfig;
 use crate::data::prompts::PromptItem;
 use crate::error::{Result, TrainerError};
@@ -61,13 +61,15 @@ impl OnlineLogs {
         self.write(step, &logged)
     }
 
-    /// An eval pass of `policy` on `eval` with `cfg`'s eval settings (None without prompts).
+    /// An eval pass of `policy` on `eval` with `cfg`'s eval settings and the run's tools (None
+    /// without prompts).
     pub fn evaluate(
         &mut self,
         cfg: &OnlineConfig,
         policy: &Policy,
         eval: &[PromptItem],
         rewards: &mut RewardSet,
+        turns: Option<&Turns>,
         at: Position,
     ) -> Result<Option<Metrics>> {
         if eval.is_empty() {
@@ -75,7 +77,7 @@ impl OnlineLogs {
         }
         let settings = eval_settings(cfg, &policy.generation.eos_token_ids, policy.pad_id);
         rewards.set_trainer_state(at.into());
-        let r = evaluate(&policy.model, &policy.text, eval, rewards, &settings)?;
+        let r = evaluate(&policy.model, &policy.text, eval, rewards, &settings, turns)?;
         let keep = self.num_completions_to_log.max(1) * 2;
         let scored = (&self.names[..], &r.scores);
         let logged = pick("eval", eval, &r.samples, scored, None, 0..keep);

@@ -7,7 +7,8 @@
 //! - [`logs`]: the online trainers' logs (`samples.jsonl`, eval passes) and step metrics;
 //! - [`passes`]: the log-prob passes over samples (old policy, reference, the policy with grad);
 //! - [`samples`]: `samples.jsonl`, the completions a run shows;
-//! - [`stats`]: reward and length metrics with TRL's names, and the health signs.
+//! - [`stats`]: reward and length metrics with TRL's names, and the health signs;
+//! - [`turns`]: multi-turn rollouts, where completions call tools and read their answers.
 //!
 //! Generation runs on a copy of the policy with LoRA adapters merged in (a few small matmuls per
 //! rollout), so it takes the fused CPU decode path; the prompt is prefilled once per group.
@@ -35,6 +36,9 @@ mod passes;
 pub mod remote;
 pub mod samples;
 pub mod stats;
+pub mod turns;
+
+pub use turns::{ToolTrace, Turns};
 
 /// One completion of a rollout.
 #[derive(Debug, Clone)]
@@ -50,6 +54,19 @@ pub struct Sample {
     /// Per-token log-probs the sampler reported (rollouts on servers, [`remote`]); `None` for
     /// the in-process rollout, whose sampler is the policy itself.
     pub sampler_logprobs: Option<Vec<f32>>,
+    /// The tool calls of a multi-turn completion ([`turns`]); `None` when it called none, so
+    /// the policy sampled every token.
+    pub tools: Option<ToolTrace>,
+}
+
+impl Sample {
+    /// Completion tokens the policy sampled: the ones the loss counts (tool answers left out).
+    pub fn sampled_tokens(&self) -> usize {
+        match &self.tools {
+            Some(t) => t.mask.iter().filter(|&&m| m).count(),
+            None => self.completion_ids.len(),
+        }
+    }
 }
 
 /// Sampling settings of a rollout.
@@ -86,13 +103,15 @@ pub fn rollout_model(policy: &CausalLm) -> Result<CausalLm> {
 }
 
 /// Generates `num_generations` completions for each of `prompts` (indices into `items`);
-/// groups are contiguous, in the order of `prompts`.
+/// groups are contiguous, in the order of `prompts`. With `turns`, completions that call tools
+/// go on after their answers ([`turns::continue_with_tools`]).
 pub fn sample_completions(
     model: &CausalLm,
     text: &TextBundle,
     items: &[PromptItem],
     prompts: &[usize],
     s: &RolloutSettings,
+    turns: Option<&Turns>,
 ) -> Result<Vec<Sample>> {
     let req = GenerateRequest {
         prompts: prompts.iter().map(|&i| items[i].ids.clone()).collect(),
@@ -106,7 +125,7 @@ pub fn sample_completions(
     };
     let detok = |ids: &[u32]| text.decode(ids, true).unwrap_or_default();
     let out = generate(model, &req, &detok)?;
-    Ok(out
+    let mut samples: Vec<Sample> = out
         .into_iter()
         .map(|c| Sample {
             prompt: prompts[c.prompt_index],
@@ -114,8 +133,14 @@ pub fn sample_completions(
             completion_ids: c.token_ids,
             text: c.text,
             sampler_logprobs: None,
+            tools: None,
         })
-        .collect())
+        .collect();
+    if let Some(turns) = turns {
+        let mut gen = |r: &GenerateRequest| Ok(generate(model, r, &detok)?);
+        turns::continue_with_tools(&mut samples, items, turns, text, s, &mut gen)?;
+    }
+    Ok(samples)
 }
 
 /// Times `f` as phase `phase`: pushes `time/<phase>` (seconds) to `times`.
@@ -129,8 +154,8 @@ pub fn timed<T>(times: &mut Metrics, phase: &str, f: impl FnOnce() -> Result<T>)
 /// Where a rollout's completions are sampled.
 #[derive(Clone, Copy)]
 pub enum Sampler<'a> {
-    /// In process, from (a detached view of) the policy.
-    Policy(&'a CausalLm),
+    /// In process, from (a detached view of) the policy, with the run's tools if it has any.
+    Policy(&'a CausalLm, Option<&'a Turns>),
     /// On OpenAI-compatible servers ([`remote`]), from `model`: the adapter version they hold.
     Servers {
         /// The servers.
@@ -152,9 +177,9 @@ pub fn generate_and_score(
     times: &mut Metrics,
 ) -> Result<(Vec<Sample>, Scores)> {
     let samples = timed(times, "generate", || match sampler {
-        Sampler::Policy(policy) => {
+        Sampler::Policy(policy, turns) => {
             let m = rollout_model(policy)?;
-            sample_completions(&m, text, items, prompts, settings)
+            sample_completions(&m, text, items, prompts, settings, turns)
         }
         Sampler::Servers { pool, model } => pool.sample(model, text, items, prompts, settings),
     })?;

@@ -273,7 +273,7 @@ pub fn sampled_pairs(
     let mut n_scored = 0usize;
     let idx: Vec<usize> = (0..items.len()).collect();
     for chunk in idx.chunks(batch.max(1)) {
-        let mut samples = sample_completions(&gen_model, text, items, chunk, s)?;
+        let mut samples = sample_completions(&gen_model, text, items, chunk, s, None)?;
         let sampled = samples.len();
         let mut ref_of = vec![None; chunk.len()];
         for (k, &p) in chunk.iter().enumerate() {
@@ -350,6 +350,7 @@ fn reference_sample(text: &TextBundle, p: usize, reply: &str, eos: &[u32]) -> Re
         text: reply.to_string(),
         truncated: false,
         sampler_logprobs: None,
+        tools: None,
     })
 }
 
@@ -421,6 +422,7 @@ mod tests {
             row_index: 0,
             ids: Vec::new(),
             text: String::new(),
+            messages: Vec::new(),
             row: json!({ "prompt": prompt }),
         };
         let user = |t: &str| json!([{"role": "user", "content": t}]);

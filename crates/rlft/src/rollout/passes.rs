@@ -283,7 +283,7 @@ pub fn no_grad_passes(
 pub struct PolicyPass {
     /// `[n, Tc]` per-token log-probs (differentiable).
     pub logp: Tensor,
-    /// `[n, Tc]` 1 on completion tokens that count (padding and masked rows 0).
+    /// `[n, Tc]` 1 on completion tokens that count (padding, masked rows and tool answers 0).
     pub mask: Tensor,
     /// `[n, Tc]` old-policy log-probs of the rows, when the rollout kept them.
     pub old: Option<Tensor>,
@@ -312,8 +312,9 @@ pub struct MicroRows<'a> {
     pub reference: Option<&'a [Vec<f32>]>,
 }
 
-/// Scores micro-batch `m` with the policy (graph, entropy), masks rows not kept and pads the
-/// old and reference log-probs to the batch's completion length.
+/// Scores micro-batch `m` with the policy (graph, entropy), masks rows not kept and the tool
+/// answers inside completions, and pads the old and reference log-probs to the batch's
+/// completion length.
 pub fn policy_pass(
     model: &CausalLm,
     items: &[PromptItem],
@@ -324,10 +325,17 @@ pub fn policy_pass(
     let refs: Vec<&Sample> = m.rows.iter().map(|&i| &m.samples[i]).collect();
     let sb = score_batch(model, items, &refs, opts)?;
     let tc = sb.mask.dim(1)?;
-    let keep: Vec<f32> = m.keep.iter().map(|&k| f32::from(u8::from(k))).collect();
-    let mask = sb
-        .mask
-        .broadcast_mul(&Tensor::from_vec(keep, (m.rows.len(), 1), device)?)?;
+    // Rows not kept count no token; tool answers inside a completion count none either.
+    let mut counted = Vec::with_capacity(refs.len() * tc);
+    for (s, &keep) in refs.iter().zip(m.keep) {
+        let sampled = |j: usize| {
+            s.tools
+                .as_ref()
+                .is_none_or(|t| t.mask.get(j) == Some(&true))
+        };
+        counted.extend((0..tc).map(|j| f32::from(u8::from(keep && sampled(j)))));
+    }
+    let mask = (&sb.mask * Tensor::from_vec(counted, (refs.len(), tc), device)?)?;
     let pad = |v: Option<&[Vec<f32>]>| -> Result<Option<Tensor>> {
         v.map(|v| {
             let rows: Vec<&[f32]> = m.rows.iter().map(|&i| &v[i][..]).collect();

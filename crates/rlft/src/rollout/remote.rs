@@ -360,6 +360,7 @@ impl ServerPool {
                     truncated: c.truncated,
                     completion_ids: c.ids,
                     sampler_logprobs: Some(c.logprobs),
+                    tools: None,
                 });
             }
         }

@@ -105,6 +105,28 @@ pub fn rollout_metrics(
     metrics
 }
 
+/// TRL's tool metrics under `prefix`: `tools/call_frequency` (calls per completion) and
+/// `tools/failure_frequency` (failed calls per call, 0 without calls), as its GRPOTrainer
+/// computes them.
+pub fn tool_metrics(prefix: &str, samples: &[super::Sample]) -> Metrics {
+    let traces = samples.iter().filter_map(|s| s.tools.as_ref());
+    let (calls, failures) = traces.fold((0, 0), |(c, f), t| (c + t.calls, f + t.failures));
+    vec![
+        (
+            format!("{prefix}tools/call_frequency"),
+            calls as f64 / samples.len().max(1) as f64,
+        ),
+        (
+            format!("{prefix}tools/failure_frequency"),
+            if calls > 0 {
+                failures as f64 / calls as f64
+            } else {
+                0.0
+            },
+        ),
+    ]
+}
+
 /// A warning with its likely fix.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HealthWarning {

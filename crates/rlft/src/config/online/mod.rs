@@ -240,6 +240,13 @@ impl OnlineConfig {
         self.check_estimator()?;
         self.check_batches()?;
         self.servers.check(self.args.use_peft)?;
+        if self.servers.on_servers() && !self.rollout.tools.is_empty() {
+            return bad(
+                "[[tools]] run in rlft's own rollouts, not on rollout_servers yet; remove \
+                 rollout_servers (or the tools)"
+                    .into(),
+            );
+        }
         if self.max_prompt_length == 0 || self.max_completion_length == 0 {
             return bad("max_prompt_length and max_completion_length must be >= 1".into());
         }
