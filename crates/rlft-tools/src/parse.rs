@@ -5,6 +5,10 @@
 //! - [`CallFormat::Llama3`] (Llama 3.1-3.3): the whole turn is one JSON object `{"name": ...,
 //!   "parameters": {...}}`, optionally after `<|python_tag|>` (Llama 3.1's template).
 //!
+//! In either format a turn that is nothing but one call object, bare or in a ```` ```json ````
+//! fence, is a call too: Qwen2.5-Coder-0.5B-Instruct writes its calls that way instead of the
+//! tags its template asks for.
+//!
 //! A call that cannot be read is returned as an error, which the trainer turns into a failed
 //! call the model sees, never into a crash.
 
@@ -61,6 +65,9 @@ const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 
 fn hermes(turn: &str) -> Vec<Result<ToolCall, String>> {
+    if !turn.contains(OPEN) {
+        return whole_turn(turn).into_iter().map(Ok).collect();
+    }
     let mut out = Vec::new();
     let mut rest = turn;
     while let Some(start) = rest.find(OPEN) {
@@ -79,11 +86,29 @@ fn hermes(turn: &str) -> Vec<Result<ToolCall, String>> {
     out
 }
 
+/// The call a turn consists of, bare or in a ```` ```json ```` fence: an object with a
+/// `"name"` and its `"arguments"` (or `"parameters"`); anything else is no call.
+fn whole_turn(turn: &str) -> Option<ToolCall> {
+    let t = turn.trim();
+    let t = match t.strip_prefix("```") {
+        Some(fenced) => {
+            let body = fenced.strip_suffix("```")?;
+            body.strip_prefix("json").unwrap_or(body)
+        }
+        None => t,
+    };
+    let v: Value = serde_json::from_str(t.trim()).ok()?;
+    let o = v.as_object()?;
+    (o.contains_key("name") && (o.contains_key("arguments") || o.contains_key("parameters")))
+        .then(|| call_value(v, "arguments").ok())
+        .flatten()
+}
+
 fn llama3(turn: &str) -> Vec<Result<ToolCall, String>> {
     let t = turn.trim();
     let t = t.strip_prefix("<|python_tag|>").unwrap_or(t).trim();
     if !t.starts_with('{') {
-        return Vec::new();
+        return whole_turn(t).into_iter().map(Ok).collect();
     }
     // Several calls may follow one another, separated by `;`.
     let mut out = Vec::new();
@@ -171,6 +196,28 @@ mod tests {
         assert!(CallFormat::Hermes
             .parse("The answer is \\boxed{5}.")
             .is_empty());
+    }
+
+    /// Qwen2.5-Coder-0.5B's own forms (sampled from it): a fenced or bare call object as the
+    /// whole turn. JSON that is not a call, or text around it, is no call.
+    #[test]
+    fn whole_turn_calls() {
+        let want = ok("calculator", json!({"expression": "(9 + 13)"}));
+        for turn in [
+            "```json\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"(9 + 13)\"}}\n```",
+            "{\"name\": \"calculator\", \"arguments\": {\"expression\": \"(9 + 13)\"}}",
+            "```\n{\n  \"name\": \"calculator\",\n  \"arguments\": {\n    \"expression\": \"(9 + 13)\"\n  }\n}\n```",
+        ] {
+            assert_eq!(CallFormat::Hermes.parse(turn), vec![want.clone()], "{turn}");
+            assert_eq!(CallFormat::Llama3.parse(turn), vec![want.clone()], "{turn}");
+        }
+        for turn in [
+            "```json\n{\"answer\": 22}\n```",
+            "Call: {\"name\": \"calculator\", \"arguments\": {}}",
+            "```json\n{\"name\": \"calculator\", \"arguments\": {}}",
+        ] {
+            assert!(CallFormat::Hermes.parse(turn).is_empty(), "{turn}");
+        }
     }
 
     #[test]
