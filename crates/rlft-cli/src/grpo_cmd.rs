@@ -148,19 +148,21 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
                 .into_iter()
                 .map(|(k, v)| (k, json!(v)))
                 .collect();
-            out.push_str(
-                &json!({
+            let mut line = json!({
                     "prompt": items[s.prompt].text,
                     "completion": s.text,
                     "reward": r.scores.is_scored(i).then_some(r.scores.total[i]),
                     "rewards": parts,
                     "completion_tokens": s.completion_ids.len(),
                     "truncated": s.truncated,
-                    "tool_calls": s.tools.as_ref().map_or(0, |t| t.calls),
-                    "tool_failures": s.tools.as_ref().map_or(0, |t| t.failures),
-                })
-                .to_string(),
-            );
+            });
+            if turns.is_some() {
+                let t = s.tools.as_ref();
+                line["tool_calls"] = json!(t.map_or(0, |t| t.calls));
+                line["tool_failures"] = json!(t.map_or(0, |t| t.failures));
+                line["transcript"] = json!(t.map_or(&s.text, |t| &t.transcript));
+            }
+            out.push_str(&line.to_string());
             out.push('\n');
         }
         std::fs::write(path, out).with_context(|| format!("write {}", path.display()))?;

@@ -30,15 +30,40 @@ impl Num {
 }
 
 impl std::fmt::Display for Num {
-    /// As Python's `repr` writes the usual values: `12`, `2.5`, `3.0`.
+    /// As Python's `repr` writes it: `12`, `2.5`, `3.0`, `1e+16`, `1.5e-05`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
             Num::Int(i) => write!(f, "{i}"),
-            Num::Float(x) if x.is_finite() && x.fract() == 0.0 && x.abs() < 1e16 => {
-                write!(f, "{x:.1}")
-            }
-            Num::Float(x) => write!(f, "{x}"),
+            Num::Float(x) => f.write_str(&python_float_repr(x)),
         }
+    }
+}
+
+/// Python's `repr(float)`: the shortest digits that round-trip (as Rust's), positional for
+/// decimal exponents in [-4, 16), else scientific with a signed two-digit exponent.
+fn python_float_repr(x: f64) -> String {
+    if !x.is_finite() {
+        return if x.is_nan() {
+            "nan"
+        } else if x > 0.0 {
+            "inf"
+        } else {
+            "-inf"
+        }
+        .into();
+    }
+    let sci = format!("{x:e}");
+    let (mantissa, exp) = sci.split_once('e').expect("`{:e}` has an exponent");
+    let exp: i32 = exp.parse().expect("an integer exponent");
+    if x != 0.0 && !(-4..16).contains(&exp) {
+        let sign = if exp < 0 { '-' } else { '+' };
+        return format!("{mantissa}e{sign}{:02}", exp.abs());
+    }
+    let s = format!("{x}");
+    if s.contains('.') {
+        s
+    } else {
+        format!("{s}.0")
     }
 }
 
@@ -286,6 +311,7 @@ fn binary(op: Tok, a: Num, b: Num) -> Result<Num, String> {
                 let r = x.rem_euclid(y);
                 Num::Int(if y < 0 && r != 0 { r + y } else { r })
             }
+            Tok::StarStar if y < 0 && x == 0 => return zero(),
             Tok::StarStar if y < 0 => Num::Float((x as f64).powf(y as f64)),
             Tok::StarStar if y > MAX_EXPONENT && x.abs() > 1 => return Err(overflow()),
             Tok::StarStar => {
@@ -302,8 +328,9 @@ fn binary(op: Tok, a: Num, b: Num) -> Result<Num, String> {
                 Tok::Star => x * y,
                 Tok::Slash | Tok::SlashSlash | Tok::Percent if y == 0.0 => return zero(),
                 Tok::Slash => x / y,
-                Tok::SlashSlash => (x / y).floor(),
-                Tok::Percent => x - y * (x / y).floor(),
+                Tok::SlashSlash => float_divmod(x, y).0,
+                Tok::Percent => float_divmod(x, y).1,
+                Tok::StarStar if x == 0.0 && y < 0.0 => return zero(),
                 Tok::StarStar => x.powf(y),
                 _ => unreachable!("binary operators only"),
             };
@@ -318,6 +345,31 @@ fn binary(op: Tok, a: Num, b: Num) -> Result<Num, String> {
         }
     };
     Ok(v)
+}
+
+/// CPython's `float_divmod`: `(x // y, x % y)` for floats, `y != 0`.
+fn float_divmod(x: f64, y: f64) -> (f64, f64) {
+    let mut m = x % y; // C's fmod
+    let mut div = (x - m) / y;
+    if m != 0.0 {
+        if (y < 0.0) != (m < 0.0) {
+            m += y;
+            div -= 1.0;
+        }
+    } else {
+        m = 0f64.copysign(y);
+    }
+    let floordiv = if div != 0.0 {
+        let f = div.floor();
+        if div - f > 0.5 {
+            f + 1.0
+        } else {
+            f
+        }
+    } else {
+        0f64.copysign(x / y)
+    };
+    (floordiv, m)
 }
 
 #[cfg(test)]

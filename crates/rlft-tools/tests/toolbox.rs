@@ -174,3 +174,26 @@ fn http_tool_posts_the_call() {
     let a = tools.call(&call("weather", json!({"city": "Paris"})));
     assert!(a.failed && a.content.contains("POST http://"), "{a:?}");
 }
+
+/// 600 random expressions against Python (`scripts/reference/calculator_cases.py`): the same
+/// value, written as Python's `repr` writes it, or the same kind of error.
+#[test]
+fn calculator_equals_python_on_random_expressions() {
+    let cases: Vec<Value> =
+        serde_json::from_str(include_str!("data/calculator_cases.json")).unwrap();
+    assert_eq!(cases.len(), 600);
+    for c in &cases {
+        let e = c["expression"].as_str().unwrap();
+        let got = rlft_tools::calculator::evaluate(e);
+        match (&c["value"], &c["error"]) {
+            (Value::String(want), _) => {
+                assert_eq!(got.map(|v| v.to_string()), Ok(want.clone()), "{e}")
+            }
+            (_, Value::String(kind)) => {
+                let err = got.expect_err(e);
+                assert!(err.contains(kind.as_str()), "{e}: {err} (Python: {kind})");
+            }
+            _ => panic!("bad case {c}"),
+        }
+    }
+}

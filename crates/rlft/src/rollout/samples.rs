@@ -3,7 +3,8 @@
 //!
 //! One object per line: `{"step", "split", "prompt", "completion", "reward", "rewards": {"<fn>":
 //! x, "<fn>/<part>": y}, "advantage", "completion_tokens", "truncated"}` (`reward` is `null` for
-//! a completion no reward function scored). On resume the lines
+//! a completion no reward function scored), and `"transcript"` (tool answers included) after
+//! `"completion"` (the model's own turns) when the completion called tools. On resume the lines
 //! past the checkpoint's step are dropped (they will be written again).
 
 use std::fs::{File, OpenOptions};
@@ -38,8 +39,10 @@ pub struct LoggedSample<'a> {
     pub split: &'a str,
     /// Rendered prompt.
     pub prompt: &'a str,
-    /// Completion text.
+    /// Completion text (what the rewards scored: the model's own turns).
     pub completion: &'a str,
+    /// With tools: the whole completion, tool answers included.
+    pub transcript: Option<&'a str>,
     /// Weighted total reward; `None` (written as `null`) when no function scored it.
     pub reward: Option<f64>,
     /// Per-function scores and parts.
@@ -72,6 +75,7 @@ pub fn pick<'a>(
                 split,
                 prompt: &items[s.prompt].text,
                 completion: &s.text,
+                transcript: s.tools.as_ref().map(|t| t.transcript.as_str()),
                 reward: scores.is_scored(i).then_some(scores.total[i]),
                 rewards: sample_reward_parts(names, scores, i),
                 advantage: advantages.map(|a| a[i]),
@@ -122,6 +126,9 @@ impl SampleLog {
             o.insert("split".into(), Value::from(s.split));
             o.insert("prompt".into(), Value::from(s.prompt));
             o.insert("completion".into(), Value::from(s.completion));
+            if let Some(t) = s.transcript {
+                o.insert("transcript".into(), Value::from(t));
+            }
             o.insert("reward".into(), s.reward.map_or(Value::Null, num));
             let mut r = Map::new();
             for (k, v) in &s.rewards {
@@ -151,6 +158,7 @@ mod tests {
             split: "train",
             prompt: "p",
             completion: c,
+            transcript: None,
             reward: (c != "a").then_some(f64::NAN),
             rewards: vec![("acc".into(), 1.0)],
             advantage: Some(0.5),

@@ -33,6 +33,9 @@ pub struct ToolTrace {
     pub calls: usize,
     /// Calls that failed (malformed, unknown tool, bad arguments, the tool's own error).
     pub failures: usize,
+    /// The whole completion decoded, tool answers included (the sample's `text` holds the
+    /// model's own turns only: what the rewards score).
+    pub transcript: String,
 }
 
 /// The tools of a run and how its model's chat template carries them.
@@ -128,6 +131,23 @@ impl Turns {
             })
             .collect()
     }
+}
+
+/// The model's own turns of a completion, decoded one by one and joined by newlines: what the
+/// rewards read, so a rule that takes the last number of a reply never reads a tool's answer
+/// as the model's.
+fn own_turns(ids: &[u32], sampled: &[bool], text: &TextBundle) -> Result<String> {
+    let mut turns = Vec::new();
+    let mut start = 0;
+    while start < ids.len() {
+        let own = sampled[start];
+        let len = sampled[start..].iter().take_while(|&&m| m == own).count();
+        if own {
+            turns.push(text.decode(&ids[start..start + len], true)?);
+        }
+        start += len;
+    }
+    Ok(turns.join("\n"))
 }
 
 /// Where each completion stands between rounds.
@@ -248,8 +268,11 @@ pub fn continue_with_tools(
                 || (c.finish_reason == FinishReason::Length && take == room);
         }
     }
-    for sample in samples.iter_mut().filter(|x| x.tools.is_some()) {
-        sample.text = text.decode(&sample.completion_ids, true)?;
+    for sample in samples.iter_mut() {
+        if let Some(t) = &mut sample.tools {
+            t.transcript = text.decode(&sample.completion_ids, true)?;
+            sample.text = own_turns(&sample.completion_ids, &t.mask, text)?;
+        }
     }
     Ok(())
 }
@@ -369,9 +392,11 @@ mod tests {
         assert_eq!(t.mask, mask.concat());
         assert_eq!((t.calls, t.failures), (1, 0));
         assert_eq!(samples[0].sampled_tokens(), first_len + answer.len());
-        assert!(samples[0]
-            .text
+        assert!(t
+            .transcript
             .ends_with("68\n</tool_response>\nassistant\nSo \\boxed{68}."));
+        // The rewards read the model's own turns only.
+        assert_eq!(samples[0].text, format!("{CALL}\nSo \\boxed{{68}}."));
         // The continuation's context is the prompt and everything so far; round r's seed.
         assert_eq!(
             requests[0].prompts[0],
@@ -384,9 +409,10 @@ mod tests {
         // second past max_tool_calling_iterations = 2, so the completion ends there.
         let t = samples[1].tools.as_ref().unwrap();
         assert_eq!((t.calls, t.failures), (2, 1));
-        assert!(samples[1]
-            .text
+        assert!(t
+            .transcript
             .contains("error: malformed tool call: the call has no \"name\""));
+        assert!(!samples[1].text.contains("error"));
         assert_eq!(requests.len(), 2);
         assert!(samples[1].text.ends_with("</tool_call>"));
 
