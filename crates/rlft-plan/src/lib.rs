@@ -34,13 +34,11 @@ pub use formulas::{Activations, HeadKernel, Kernels, Part, Sized};
 pub use suggest::{suggest, Change, Suggestion};
 
 /// Buffers this large or larger get fresh pages from `mmap` and go back to the system when
-/// freed; smaller ones come from the heap, which keeps what is freed (`rlft_kernels::alloc`
-/// sets glibc's threshold to 32 MiB and turns trimming off).
+/// freed; the heap keeps smaller ones (`rlft_kernels::alloc` sets glibc's threshold, no trim).
 pub const MMAP_THRESHOLD: u64 = 32 << 20;
 
-/// A phase's own buffers of [`MMAP_THRESHOLD`] bytes or more reuse the heap's free memory when
-/// it is at least this many times their size; fragmentation leaves less room than the free
-/// total. Calibrated on the default model (`docs/memory.md`).
+/// A phase's own buffers of [`MMAP_THRESHOLD`] bytes or more reuse the heap's free memory when it
+/// is this many times their size (fragmentation); calibrated in `docs/memory.md`.
 pub const HEAP_REUSE_FACTOR: u64 = 2;
 
 /// A run the plan cannot describe.
@@ -108,20 +106,18 @@ pub struct Model {
     pub dims: ModelDims,
     /// A `[1, hidden]` score head (reward model, PPO's critic) instead of the LM head.
     pub score_head: bool,
-    /// No LM head: a `*ForSequenceClassification` model, or the reward-model trainer, which
-    /// drops an untied one at load. A score model without it keeps an unused `lm_head`.
+    /// No LM head: a `*ForSequenceClassification` model, or the reward-model trainer's (it drops
+    /// an untied one at load).
     pub headless: bool,
     /// Bytes its loader holds at once (a GGUF file, or the largest safetensors shard).
     pub source_file_bytes: u64,
     /// GGUF blocks an f32 load keeps beside the dense weights for decoding.
     pub decode_block_bytes: u64,
-    /// `(parameters, bytes)` of the matrices a LoRA run over an f32 GGUF load keeps in their
-    /// blocks instead of f32.
+    /// `(parameters, bytes)` of the matrices a LoRA run over an f32 GGUF load keeps in blocks.
     pub frozen_blocks: (u64, u64),
 }
 
-/// One forward pass of a micro-batch: `rows` sequences of `tokens` inputs attending to `keys`
-/// positions each.
+/// One forward pass of a micro-batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Pass {
     /// What it computes.
@@ -158,8 +154,7 @@ pub struct MicroBatch {
     pub passes: Vec<Pass>,
     /// Rows through the head (scored positions).
     pub head_rows: usize,
-    /// Completions whose prompt keys/values are gathered from a shared prompt pass:
-    /// `(completions, prompt tokens)`.
+    /// `(completions, prompt tokens)` gathering keys/values from a shared prompt pass.
     pub shared_prompt: Option<(usize, usize)>,
     /// Hidden rows divided by the sampling temperature before the head.
     pub temperature_scaled: bool,
@@ -173,8 +168,7 @@ impl MicroBatch {
     }
 
     /// A prompt pass of `prompt_rows` rows of `prompt` tokens, then `completions` rows of
-    /// `completion - 1` inputs attending to their prompt (`rollout::score_batch`'s shared
-    /// prompts; DPO's pairs); the head over every completion token.
+    /// `completion - 1` inputs attending to it (`rollout::score_batch`), the head over them all.
     pub fn shared(
         prompt_rows: usize,
         prompt: usize,
@@ -205,8 +199,7 @@ impl MicroBatch {
     }
 }
 
-/// Generating `per_prompt` samples for each of `prompts` prompts of `prompt_tokens` tokens,
-/// `new_tokens` new tokens each.
+/// Generating samples for prompts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Generation {
     /// Prompts at once.
@@ -222,8 +215,7 @@ pub struct Generation {
 /// The reference model, when the trainer has one (a component even at 0 bytes, to say why).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Reference {
-    /// A frozen copy of the starting weights is kept (else the base with adapters off, or
-    /// log-probs computed before training).
+    /// A frozen copy of the starting weights (else the base with adapters off, or precomputed).
     pub copy: bool,
     /// Why, in words.
     pub detail: String,
@@ -285,8 +277,8 @@ pub struct Run {
 }
 
 impl Run {
-    /// A run of `policy` with `tuning` and micro-batches of `micro_batch` (`update`); f32, one
-    /// micro-batch per step, nothing generated, scored or referenced: the trainer sets the rest.
+    /// A run of `policy` with `tuning` and micro-batches of `micro_batch` (`update`): f32, no
+    /// accumulation, nothing generated, scored or referenced; the trainer sets the rest.
     pub fn new(policy: Model, tuning: Tuning, micro_batch: usize, update: MicroBatch) -> Self {
         Run {
             bf16: false,
@@ -308,20 +300,17 @@ impl Run {
 
     /// Bytes per weight: 4 (f32) or 2 (bf16).
     pub fn weight_bytes(&self) -> u64 {
-        if self.bf16 {
-            2
-        } else {
-            4
-        }
+        [4, 2][usize::from(self.bf16)]
+    }
+
+    /// The weights' dtype: "f32" or "bf16".
+    pub fn dtype(&self) -> &'static str {
+        ["f32", "bf16"][usize::from(self.bf16)]
     }
 
     /// The CPU training kernels: fused for f32, candle's composites for bf16.
     pub fn kernels(&self) -> Kernels {
-        if self.bf16 {
-            Kernels::Composite
-        } else {
-            Kernels::Fused
-        }
+        [Kernels::Fused, Kernels::Composite][usize::from(self.bf16)]
     }
 }
 
@@ -420,8 +409,7 @@ pub struct PhaseTotal {
     pub live_bytes: u64,
     /// The part of `live_bytes` in fresh buffers.
     pub fresh_bytes: u64,
-    /// Predicted RSS: the heap's high-water mark plus the phase's fresh buffers (less those
-    /// that fit in the heap's free memory); the load phase's own live bytes.
+    /// Predicted RSS: the heap's high-water mark plus the phase's fresh buffers (crate docs).
     pub rss_bytes: u64,
 }
 
