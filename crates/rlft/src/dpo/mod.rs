@@ -39,8 +39,8 @@ use crate::error::{Result, TrainerError};
 use crate::rollout::{score_batch, timed, Sample, ScoreOptions};
 use crate::run::offline::{self, OfflineAlgorithm, OfflineStep};
 use crate::run::{
-    Console, Metrics, Policy, RunOptions, RunSummary, Shown, StepStats, GRAD_NORM, LEARNING_RATE,
-    LOSS,
+    Console, Metrics, MicroContext, Policy, RunOptions, RunSummary, Shown, StepStats, GRAD_NORM,
+    LEARNING_RATE, LOSS,
 };
 pub use setup::{prepare, Prepared};
 
@@ -273,13 +273,8 @@ impl OfflineAlgorithm for Dpo<'_> {
         Ok(idx.into_iter().zip(refs).collect())
     }
 
-    fn micro_loss(
-        &self,
-        policy: &Policy,
-        step: &OfflineStep<Self::Extra>,
-        micro: &[usize],
-        stats: &mut StepStats,
-    ) -> Result<Tensor> {
+    fn micro_loss(&self, cx: MicroContext<'_, OfflineStep<Self::Extra>>) -> Result<Tensor> {
+        let (policy, step, micro, stats) = (cx.policy, cx.unit, cx.micro, cx.stats);
         let pairs: Vec<&DpoPair> = micro.iter().map(|&i| &self.train[i]).collect();
         let s = pair_logps(&policy.model, &pairs, policy.pad_id, true)?;
         let refs: Vec<(f64, f64)> = micro.iter().map(|i| step.extra[i]).collect();
