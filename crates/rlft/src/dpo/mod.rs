@@ -172,14 +172,8 @@ fn losses(cfg: &DpoLossConfig, s: &PairLogps, refs: &[(f64, f64)]) -> Result<Dpo
         Ok(Tensor::new(v, dev)?)
     };
     let (rc, rr) = (t(|r| r.0)?, t(|r| r.1)?);
-    let x = DpoLogps {
-        policy_chosen: &s.chosen,
-        policy_rejected: &s.rejected,
-        ref_chosen: &rc,
-        ref_rejected: &rr,
-        chosen_lens: Some(&s.chosen_lens),
-        rejected_lens: Some(&s.rejected_lens),
-    };
+    let x = DpoLogps::sums((&s.chosen, &s.rejected), (&rc, &rr));
+    let x = x.with_lens(&s.chosen_lens, &s.rejected_lens);
     Ok(dpo_loss(&x, cfg)?)
 }
 
