@@ -162,15 +162,13 @@ pub fn estimate(run: &Run, env: &Environment) -> Result<Plan, PlanError> {
     }
     let (kernels, mb) = (run.kernels(), &run.update);
     let checkpointing = run.gradient_checkpointing;
-    let acts = activations(policy, &run.tuning, kernels, mb, checkpointing);
+    let acts = activations(run, policy, mb, checkpointing);
     let ckpt = when(checkpointing, " (checkpointed: layer inputs + one layer)");
-    let (unit, lm) = (run.unit, if policy.score_head { "score" } else { "LM" });
+    let (n, unit, tokens, rows) = (run.micro_batch, run.unit, mb.tokens(), mb.head_rows);
+    let (layers, lm) = (dims.layers, if policy.score_head { "score" } else { "LM" });
     let d = format!(
-        "micro-batch of {} {unit}: {} tokens x {} layers{ckpt} + {lm} head over {} rows",
-        run.micro_batch,
-        mb.tokens(),
-        dims.layers,
-        mb.head_rows
+        "micro-batch of {n} {unit}: {tokens} tokens x {layers} layers{ckpt} + {lm} head over \
+         {rows} rows"
     );
     c.add("activations", acts.total, d, &[Phase::Update]);
     if let Some(what) = &run.scored {
@@ -233,19 +231,19 @@ fn training(c: &mut Parts, run: &Run, m: &Model, critic: bool, weights: Sized) {
                 format!("full fine-tuning: {whose} trainable copies"),
             )
         }
-        Tuning::Lora(l) if critic => {
-            let (r, n) = (l.r, l.modules.len());
-            let d = format!(
-                "its own LoRA adapters, r={r} on {n} modules x {layers} layers, x f32 (the head \
-                 trains in place)"
-            );
-            (tensors(&m.dims.trainable_tensors(&run.tuning), 4), d)
-        }
         Tuning::Lora(l) => {
-            let (r, n, t) = (l.r, l.modules.len(), m.trainable_tensors(&run.tuning));
-            let (head, params) = (when(m.score_head, " + the score head"), count_of(&t));
-            let d = format!("r={r} on {n} modules x {layers} layers{head}: {params} params x f32");
-            (tensors(&t, 4), d)
+            let shape = format!("r={} on {} modules x {layers} layers", l.r, l.modules.len());
+            if critic {
+                let d = format!("its own LoRA adapters, {shape}, x f32 (the head trains in place)");
+                (tensors(&m.dims.trainable_tensors(&run.tuning), 4), d)
+            } else {
+                let t = m.trainable_tensors(&run.tuning);
+                let (head, params) = (when(m.score_head, " + the score head"), count_of(&t));
+                (
+                    tensors(&t, 4),
+                    format!("{shape}{head}: {params} params x f32"),
+                )
+            }
         }
     };
     let phases = [ALL, AFTER_POLICY_LOAD][usize::from(critic)];
@@ -398,11 +396,10 @@ fn critic(c: &mut Parts, run: &Run, k: &Critic, policy: &Activations) -> Activat
     let (m, dims, mb, kernels) = (&k.model, &k.model.dims, &k.update, run.kernels());
     let weights = tensors(&m.weight_tensors(), run.weight_bytes());
     let lm = when(m.unused_lm_head(), " (with its unused lm_head)");
+    let (params, dtype, h) = (count(m.parameters()), run.dtype(), dims.hidden);
     let d = format!(
-        "{} params x {}: the decoder{lm} and the score head [1, {}]; GGUF blocks dropped",
-        count(m.parameters()),
-        run.dtype(),
-        dims.hidden
+        "{params} params x {dtype}: the decoder{lm} and the score head [1, {h}]; GGUF blocks \
+         dropped"
     );
     c.add("critic_weights", weights, d, AFTER_POLICY_LOAD);
     training(c, run, m, true, weights);
@@ -413,19 +410,16 @@ fn critic(c: &mut Parts, run: &Run, k: &Critic, policy: &Activations) -> Activat
          graph"
     );
     c.add("critic_values", values, d, &[Phase::Values]);
-    let acts = activations(m, &run.tuning, kernels, mb, false);
+    let acts = activations(run, m, mb, false);
     let (ours, theirs) = (acts.working_set, policy.working_set);
     let overlap = std::cmp::min_by_key(ours, theirs, |s| s.bytes);
     let fresh = acts.total.fresh_bytes.saturating_sub(overlap.fresh_bytes);
     let size = Sized::new(acts.total.bytes - overlap.bytes, fresh);
+    let (n, tokens, layers, rows) = (run.micro_batch, mb.tokens(), dims.layers, mb.head_rows);
     let d = format!(
-        "micro-batch of {}: {} tokens x {} layers (never checkpointed) + score head over {} rows; \
-         its backward's working set ({:.1} MiB) runs apart from the policy's, only the larger \
-         counts",
-        run.micro_batch,
-        mb.tokens(),
-        dims.layers,
-        mb.head_rows,
+        "micro-batch of {n}: {tokens} tokens x {layers} layers (never checkpointed) + score head \
+         over {rows} rows; its backward's working set ({:.1} MiB) runs apart from the policy's, \
+         only the larger counts",
         mib(ours.bytes)
     );
     c.add("critic_activations", size, d, &[Phase::Update]);

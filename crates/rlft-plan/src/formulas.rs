@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::{MicroBatch, ModelDims, Tuning, MMAP_THRESHOLD};
+use crate::{MicroBatch, Model, ModelDims, Run, Tuning, MMAP_THRESHOLD};
 
 /// Bytes of a set of buffers, with the part in buffers of at least [`MMAP_THRESHOLD`] bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -147,10 +147,8 @@ impl ModelDims {
         match tuning {
             Tuning::Full => self.weight_tensors(),
             Tuning::Lora(l) => {
-                let adapters = self.adapted(tuning).into_iter();
-                adapters
-                    .flat_map(|(o, i)| [(l.r * i) as u64, (o * l.r) as u64])
-                    .collect()
+                let ab = |(o, i): (usize, usize)| [(l.r * i) as u64, (o * l.r) as u64];
+                self.adapted(tuning).into_iter().flat_map(ab).collect()
             }
         }
     }
@@ -297,15 +295,10 @@ pub const BACKWARD_I: u64 = 3;
 /// See [`BACKWARD_I`].
 pub const BACKWARD_H: u64 = 4;
 
-/// The activations of one micro-batch's forward + backward through `m`, with `checkpointing`
-/// keeping each layer's input and one layer's internals at a time.
-pub fn activations(
-    m: &crate::Model,
-    tuning: &Tuning,
-    kernels: Kernels,
-    mb: &MicroBatch,
-    checkpointing: bool,
-) -> Activations {
+/// The activations of one micro-batch's forward + backward through `m` of `run`, with
+/// `checkpointing` keeping each layer's input and one layer's internals at a time.
+pub fn activations(run: &Run, m: &Model, mb: &MicroBatch, checkpointing: bool) -> Activations {
+    let (tuning, kernels) = (&run.tuning, run.kernels());
     let (dims, head, fused) = (&m.dims, m.head(kernels), kernels == Kernels::Fused);
     let (act, per_score, mlp) = match kernels {
         Kernels::Fused => (4, 0, 3),
@@ -437,7 +430,7 @@ fn no_grad_layer(dims: &ModelDims, t: u64, act: u64, mlp: u64) -> Sized {
 /// Bytes a no-grad log-prob pass (or a score model's value pass) holds at its peak: one
 /// layer's temporaries (composite: and its scores, masked scores and probabilities in f32),
 /// the rows the head reads, and the head's logits block (or values).
-pub fn no_grad_pass(m: &crate::Model, kernels: Kernels, mb: &MicroBatch) -> Sized {
+pub fn no_grad_pass(m: &Model, kernels: Kernels, mb: &MicroBatch) -> Sized {
     let act = if kernels == Kernels::Fused { 4 } else { 2 };
     let (dims, mut out) = (&m.dims, Sized::default());
     for p in &mb.passes {
@@ -455,7 +448,7 @@ pub fn no_grad_pass(m: &crate::Model, kernels: Kernels, mb: &MicroBatch) -> Size
     out + head + Sized::one(r * dims.hidden as u64 * act)
 }
 
-impl crate::Model {
+impl Model {
     /// Elements of every weight tensor: the decoder's ([`ModelDims::weight_tensors`]; an
     /// untied LM head dropped when headless) and the `[1, hidden]` score head.
     pub fn weight_tensors(&self) -> Vec<u64> {

@@ -11,11 +11,9 @@
 //! - weights `P x w`, LoRA adapters `T x 4`, AdamW `2 x T x 4`, gradients `T x w + T x 4`, a
 //!   reference copy `P x w`, KV caches `rows x layers x 2 x kv_dim x positions x w`, the
 //!   export's and checkpoint's buffers ([`formulas`]);
-//! - activations: one figure per token per layer for each kernel path
-//!   ([`formulas::layer_bytes_per_token`]), plus attention scores per (head, query, key) where
-//!   candle's composite path materialises them ([`formulas::SCORE_BYTES`]), the LM head and the
-//!   backward's working set. `crates/rlft/tests/plan_activations.rs` measures the
-//!   per-token figures on tiny models and fails when a kernel keeps more or less.
+//! - activations: a figure per token per layer for each kernel path, attention scores where
+//!   candle's composite path keeps them, the head and the backward's working set
+//!   ([`formulas::activations`]), measured by `crates/rlft/tests/plan_activations.rs`.
 //!
 //! Phases do not add up: the allocator keeps what a phase frees for the next
 //! (`rlft_kernels::alloc`), so RSS after loading is the heap's high-water mark (the largest
@@ -50,7 +48,7 @@ pub enum PlanError {
 }
 
 /// The dimensions of a decoder-only model that memory depends on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct ModelDims {
     /// Vocabulary `V`.
     pub vocab: usize,
@@ -90,17 +88,18 @@ pub struct LoraShape {
 }
 
 /// What trains.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Tuning {
     /// Every weight.
+    #[default]
     Full,
     /// LoRA adapters over frozen weights.
     Lora(LoraShape),
 }
 
 /// A model the run holds: its shape, its head and the files it is read from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Model {
     /// Its dimensions.
     pub dims: ModelDims,
@@ -148,7 +147,7 @@ impl Pass {
 }
 
 /// The forward passes of one micro-batch and what reads their output.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct MicroBatch {
     /// The passes.
     pub passes: Vec<Pass>,
@@ -244,7 +243,7 @@ pub struct RewardScorer {
 }
 
 /// What a trainer declares of a run: its models, its passes and what it generates and scores.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Run {
     /// bf16 weights and activations (else f32).
     pub bf16: bool,
@@ -280,21 +279,15 @@ impl Run {
     /// A run of `policy` with `tuning` and micro-batches of `micro_batch` (`update`): f32, no
     /// accumulation, nothing generated, scored or referenced; the trainer sets the rest.
     pub fn new(policy: Model, tuning: Tuning, micro_batch: usize, update: MicroBatch) -> Self {
+        let (unit, accumulation) = ("examples", 1);
         Run {
-            bf16: false,
+            policy,
             tuning,
             micro_batch,
-            unit: "examples",
-            accumulation: 1,
-            gradient_checkpointing: false,
-            policy,
             update,
-            scored: None,
-            reference: None,
-            generation: None,
-            eval_generation: None,
-            critic: None,
-            reward_models: Vec::new(),
+            unit,
+            accumulation,
+            ..Run::default()
         }
     }
 
@@ -364,23 +357,6 @@ impl Phase {
         Phase::Export,
         Phase::CriticExport,
     ];
-
-    /// Lower-case name.
-    pub fn name(self) -> &'static str {
-        [
-            "load",
-            "critic_load",
-            "eval",
-            "generate",
-            "reward",
-            "score",
-            "values",
-            "update",
-            "checkpoint",
-            "export",
-            "critic_export",
-        ][self as usize]
-    }
 }
 
 /// One part of the memory.
