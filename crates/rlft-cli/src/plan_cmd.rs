@@ -75,6 +75,12 @@ fn mem_available() -> Option<u64> {
     proc_kib("/proc/meminfo", "MemAvailable:").map(|k| k << 10)
 }
 
+/// A phase's name as the JSON spells it (serde's snake_case of [`rlft_plan::Phase`]).
+fn phase_name(p: rlft_plan::Phase) -> String {
+    let v = serde_json::to_value(p).unwrap_or_default();
+    v.as_str().unwrap_or_default().to_string()
+}
+
 fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
@@ -396,7 +402,7 @@ impl Text<'_> {
         } else if alive.len() >= 3 && critic && alive == but(&[Phase::Load, Phase::CriticLoad]) {
             "all but load".into()
         } else {
-            let names: Vec<&str> = alive.iter().map(|p| p.name()).collect();
+            let names: Vec<String> = alive.iter().map(|&p| phase_name(p)).collect();
             names.join(", ")
         }
     }
@@ -456,7 +462,7 @@ impl Text<'_> {
                     } else {
                         ""
                     };
-                    format!("{} {:.0}{mark}", p.phase.name(), mib(f(p)))
+                    format!("{} {:.0}{mark}", phase_name(p.phase), mib(f(p)))
                 })
                 .collect();
             cells.join(" | ")
@@ -472,7 +478,7 @@ impl Text<'_> {
             "predicted peak RSS: {:.0} MiB ({}), in the {} phase",
             mib(plan.total_bytes),
             gib(plan.total_bytes),
-            plan.peak_phase.name()
+            phase_name(plan.peak_phase)
         );
     }
 }

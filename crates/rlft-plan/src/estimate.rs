@@ -2,7 +2,7 @@
 //! heap's high-water mark (see the crate docs).
 
 use crate::formulas::{activations, generation, no_grad_pass, tensors, Activations, Sized};
-use crate::{count, Component, Critic, Environment, HeadKernel, MicroBatch, Model, ModelDims};
+use crate::{count, Component, Critic, Environment, MicroBatch, Model, ModelDims};
 use crate::{Phase, PhaseTotal, Plan, PlanError, Run, Tuning};
 
 /// Every phase.
@@ -12,11 +12,11 @@ const AFTER_POLICY_LOAD: &[Phase] = Phase::ALL.split_at(1).1;
 /// Every phase once the models are loaded (the optimizer exists).
 const AFTER_LOAD: &[Phase] = AFTER_POLICY_LOAD.split_at(1).1;
 
-/// `(key, name)` of the components whose name is fixed; the critic's keys are the policy's
-/// with `critic_`.
+/// `(key, name)` of the components; the critic's keys are the policy's with `critic_`.
 const NAMES: &[(&str, &str)] = &[
     ("baseline", "process baseline"),
     ("weights", "policy weights"),
+    ("trainable", "trainable copies"),
     ("decode_blocks", "GGUF blocks for decoding"),
     ("load_buffers", "loading buffers"),
     ("master", "master weights"),
@@ -49,26 +49,30 @@ fn key(critic: bool, k: &'static str) -> &'static str {
     NAMES.iter().find(of).filter(|_| critic).map_or(k, |e| e.0)
 }
 
+/// `text` when `on`, else nothing: the optional parts of a detail.
+fn when(on: bool, text: &str) -> &str {
+    if on {
+        text
+    } else {
+        ""
+    }
+}
+
 /// The components, in the order the plan lists them.
 #[derive(Default)]
 struct Parts(Vec<Component>);
 
 impl Parts {
-    /// Adds the component `key` (named as [`NAMES`] says) of `size`, alive in `phases`.
-    fn add(&mut self, key: &'static str, size: Sized, detail: impl Into<String>, phases: &[Phase]) {
-        let name = NAMES.iter().find(|e| e.0 == key).map_or("", |e| e.1);
-        self.named(key, name, size, detail, phases)
-    }
-
-    /// [`Parts::add`] with a name of its own.
-    fn named(
+    /// Adds the component `key` (named as [`NAMES`] says, or by the caller through the
+    /// returned reference) of `size`, alive in `phases`.
+    fn add(
         &mut self,
         key: &'static str,
-        name: &str,
         size: Sized,
         detail: impl Into<String>,
         phases: &[Phase],
-    ) {
+    ) -> &mut Component {
+        let name = NAMES.iter().find(|e| e.0 == key).map_or("", |e| e.1);
         self.0.push(Component {
             key,
             name: name.into(),
@@ -76,20 +80,13 @@ impl Parts {
             fresh_bytes: size.fresh_bytes,
             detail: detail.into(),
             phases: phases.to_vec(),
-        })
+        });
+        self.0.last_mut().expect("just pushed")
     }
 }
 
 fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
-}
-
-fn dtype(run: &Run) -> &'static str {
-    if run.bf16 {
-        "bf16"
-    } else {
-        "f32"
-    }
 }
 
 /// Predicts the peak RSS of `run` (see the crate docs for the model).
@@ -106,7 +103,7 @@ pub fn estimate(run: &Run, env: &Environment) -> Result<Plan, PlanError> {
     }
     let mut c = Parts::default();
     let full = matches!(run.tuning, Tuning::Full);
-    let (w, dtype) = (run.weight_bytes(), dtype(run));
+    let (w, dtype) = (run.weight_bytes(), run.dtype());
     let p = policy.parameters();
     let t = policy.trainable_tensors(&run.tuning).iter().sum::<u64>() as usize;
     let weights = tensors(&policy.weight_tensors(), w);
@@ -115,7 +112,7 @@ pub fn estimate(run: &Run, env: &Environment) -> Result<Plan, PlanError> {
     // LoRA over an f32 GGUF load keeps the frozen matrices in their blocks (no f32 copy).
     let (kept_params, kept_bytes) = policy.frozen_blocks;
     let in_blocks = !run.bf16 && !full && !policy.score_head && kept_bytes > 0;
-    if in_blocks {
+    let (size, d) = if in_blocks {
         let dense = p.saturating_sub(kept_params as usize);
         let (kept, kept_mib, dense_n) =
             (count(kept_params as usize), mib(kept_bytes), count(dense));
@@ -123,23 +120,14 @@ pub fn estimate(run: &Run, env: &Environment) -> Result<Plan, PlanError> {
             "frozen base in its GGUF blocks: {kept} params in {kept_mib:.0} MiB, {dense_n} params \
              x {dtype}"
         );
-        c.add(
-            "weights",
-            Sized::heap(kept_bytes + dense as u64 * w),
-            d,
-            ALL,
-        );
+        (Sized::heap(kept_bytes + dense as u64 * w), d)
     } else {
         let (h, params) = (dims.hidden, count(p));
         let head = format!(": the backbone (no LM head) and the score head [1, {h}]");
-        let head = if policy.score_head { head.as_str() } else { "" };
-        c.add(
-            "weights",
-            weights,
-            format!("{params} params x {dtype}{head}"),
-            ALL,
-        );
-    }
+        let head = when(policy.score_head, &head);
+        (weights, format!("{params} params x {dtype}{head}"))
+    };
+    c.add("weights", size, d, ALL);
     if !run.bf16 && policy.decode_block_bytes > 0 && !in_blocks {
         // Kept by online LoRA runs (rollouts decode the frozen base from them); dropped after
         // loading when the weights move (full fine-tuning) or nothing decodes.
@@ -172,26 +160,20 @@ pub fn estimate(run: &Run, env: &Environment) -> Result<Plan, PlanError> {
         let d = format!("{prompts} prompts x {positions} positions");
         c.add("eval_generation", generation(dims, e, w), d, &[Phase::Eval]);
     }
-    let (kernels, head, mb) = (run.kernels(), policy.head(run.kernels()), &run.update);
+    let (kernels, mb) = (run.kernels(), &run.update);
     let checkpointing = run.gradient_checkpointing;
-    let acts = activations(dims, &run.tuning, kernels, head, mb, checkpointing);
-    let ckpt = match checkpointing {
-        true => " (checkpointed: layer inputs + one layer)",
-        false => "",
-    };
+    let acts = activations(run, policy, mb, checkpointing);
+    let ckpt = when(checkpointing, " (checkpointed: layer inputs + one layer)");
+    let (n, unit, tokens, rows) = (run.micro_batch, run.unit, mb.tokens(), mb.head_rows);
+    let (layers, lm) = (dims.layers, if policy.score_head { "score" } else { "LM" });
     let d = format!(
-        "micro-batch of {} {}: {} tokens x {} layers{ckpt} + {} head over {} rows",
-        run.micro_batch,
-        run.unit,
-        mb.tokens(),
-        dims.layers,
-        if policy.score_head { "score" } else { "LM" },
-        mb.head_rows
+        "micro-batch of {n} {unit}: {tokens} tokens x {layers} layers{ckpt} + {lm} head over \
+         {rows} rows"
     );
     c.add("activations", acts.total, d, &[Phase::Update]);
     if let Some(what) = &run.scored {
         let d = format!("{what}: a micro-batch's forward without graph");
-        let pass = no_grad_pass(dims, kernels, head, mb);
+        let pass = no_grad_pass(policy, kernels, mb);
         c.add("logprob_pass", pass, d, &[Phase::Score]);
     }
     checkpoint(&mut c, run, policy, false);
@@ -213,7 +195,7 @@ pub fn estimate(run: &Run, env: &Environment) -> Result<Plan, PlanError> {
             _ => true,
         })
         .collect();
-    let (phases, heap_high_water) = phase_totals(&c.0, &present);
+    let (phases, heap_high_water_bytes) = phase_totals(&c.0, &present);
     let peak = phases
         .iter()
         .copied()
@@ -222,7 +204,7 @@ pub fn estimate(run: &Run, env: &Environment) -> Result<Plan, PlanError> {
     Ok(Plan {
         components: c.0,
         phases,
-        heap_high_water_bytes: heap_high_water,
+        heap_high_water_bytes,
         peak_phase: peak.phase,
         total_bytes: peak.rss_bytes,
         activations: acts,
@@ -241,50 +223,44 @@ fn training(c: &mut Parts, run: &Run, m: &Model, critic: bool, weights: Sized) {
     c.add(key(critic, "load_buffers"), load, d, &[phase]);
     let layers = m.dims.layers;
     let (size, d) = match &run.tuning {
-        Tuning::Full if critic => (
-            Sized::default(),
-            "full fine-tuning: the critic's weights are its trainable copies".to_string(),
-        ),
-        Tuning::Full => (
-            Sized::default(),
-            "full fine-tuning: the policy weights are the trainable copies".into(),
-        ),
-        Tuning::Lora(l) if critic => {
-            let (r, n) = (l.r, l.modules.len());
-            let d = format!(
-                "its own LoRA adapters, r={r} on {n} modules x {layers} layers, x f32 (the head \
-                 trains in place)"
-            );
-            (tensors(&m.dims.trainable_tensors(&run.tuning), 4), d)
+        Tuning::Full => {
+            let whose = ["the policy weights are the", "the critic's weights are its"];
+            let whose = whose[usize::from(critic)];
+            (
+                Sized::default(),
+                format!("full fine-tuning: {whose} trainable copies"),
+            )
         }
         Tuning::Lora(l) => {
-            let (r, n, t) = (l.r, l.modules.len(), m.trainable_tensors(&run.tuning));
-            let head = if m.score_head {
-                " + the score head"
+            let shape = format!("r={} on {} modules x {layers} layers", l.r, l.modules.len());
+            if critic {
+                let d = format!("its own LoRA adapters, {shape}, x f32 (the head trains in place)");
+                (tensors(&m.dims.trainable_tensors(&run.tuning), 4), d)
             } else {
-                ""
-            };
-            let params = count(t.iter().sum::<u64>() as usize);
-            let d = format!("r={r} on {n} modules x {layers} layers{head}: {params} params x f32");
-            (tensors(&t, 4), d)
+                let t = m.trainable_tensors(&run.tuning);
+                let (head, params) = (when(m.score_head, " + the score head"), count_of(&t));
+                (
+                    tensors(&t, 4),
+                    format!("{shape}{head}: {params} params x f32"),
+                )
+            }
         }
     };
-    if critic {
-        c.add("critic_trainable", size, d, AFTER_POLICY_LOAD);
-    } else {
-        let name = if full {
-            "trainable copies"
-        } else {
-            "trainable copies (LoRA adapters)"
-        };
-        c.named("trainable", name, size, d, ALL);
+    let phases = [ALL, AFTER_POLICY_LOAD][usize::from(critic)];
+    let part = c.add(key(critic, "trainable"), size, d, phases);
+    if !full && !critic {
+        part.name.push_str(" (LoRA adapters)");
     }
     optimizer(c, run, m, critic);
 }
 
+/// `count` of the elements of `tensors`.
+fn count_of(tensors: &[u64]) -> String {
+    count(tensors.iter().sum::<u64>() as usize)
+}
+
 /// Loading: the source file, the largest tensor's f32 conversion (and with `blocks` the GGUF
-/// blocks, held until dropped); with full fine-tuning the loaded weights while their trainable
-/// copies are made, when that is more.
+/// blocks); with full fine-tuning the loaded weights while their copies are made, when more.
 fn load_buffers(m: &Model, full: bool, weights: Sized, blocks: bool) -> (Sized, String) {
     let blocks = if blocks { m.decode_block_bytes } else { 0 };
     let largest = Sized::one(m.dims.largest_tensor() as u64 * 4);
@@ -293,34 +269,27 @@ fn load_buffers(m: &Model, full: bool, weights: Sized, blocks: bool) -> (Sized, 
         let d = "loaded weights while their trainable copies are made";
         return (weights, d.into());
     }
-    let blocks = if blocks > 0 { " + GGUF blocks" } else { "" };
+    let blocks = when(blocks > 0, " + GGUF blocks");
     let file_mib = mib(m.source_file_bytes);
     let d = format!("source file {file_mib:.0} MiB + largest tensor in f32{blocks}");
     (file, d)
 }
 
-/// AdamW's state of `m`'s trainable tensors (bf16 full fine-tuning: an f32 master copy
-/// `T x 4`; the moments `2 x T x 4`) and its gradients: a micro-batch's `T x w` (LoRA: f32)
-/// and the accumulated sums `T x 4`, or only `T x 4` for one micro-batch of f32 gradients
-/// (they become the sums).
+/// AdamW's state of `m`'s trainable tensors (bf16 full fine-tuning: an f32 master copy; the
+/// moments) and its gradients: a micro-batch's and the accumulated sums, or one set for both.
 fn optimizer(c: &mut Parts, run: &Run, m: &Model, critic: bool) {
     let full_bf16 = matches!(run.tuning, Tuning::Full) && run.bf16;
     let trainable = m.trainable_tensors(&run.tuning);
-    let state = tensors(&trainable, 4);
-    let t = count(trainable.iter().sum::<u64>() as usize);
+    let (state, t) = (tensors(&trainable, 4), count_of(&trainable));
     if full_bf16 {
         let d = format!("AdamW's f32 copy of {t} bf16 params");
         c.add(key(critic, "master"), state, d, AFTER_LOAD);
     }
-    let of = if critic {
-        " (the policy's optimizer)"
-    } else {
-        ""
-    };
+    let of = when(critic, " (the policy's optimizer)");
     let d = format!("AdamW m, v{of}: 2 x {t} x f32");
     c.add(key(critic, "optimizer"), state + state, d, AFTER_LOAD);
     let grad = m.gradient_tensors(&run.tuning);
-    let (tg, sums) = (count(grad.iter().sum::<u64>() as usize), tensors(&grad, 4));
+    let (tg, sums) = (count_of(&grad), tensors(&grad, 4));
     let (size, d) = if full_bf16 || run.accumulation > 1 {
         let (dtype, bytes) = if full_bf16 { ("bf16", 2) } else { ("f32", 4) };
         let d = format!("micro-batch grads {tg} x {dtype} + accumulated sums {tg} x f32");
@@ -340,22 +309,16 @@ fn checkpoint(c: &mut Parts, run: &Run, m: &Model, critic: bool) {
     let copies = 2 + u64::from(matches!(run.tuning, Tuning::Full) && run.bf16);
     let largest = trainable.iter().copied().max().unwrap_or(0);
     let size = Sized::times(largest * 4, 2) + tensors(&trainable, 4) * copies;
-    let t = count(trainable.iter().sum::<u64>() as usize);
-    let its = if critic { "its" } else { "the" };
+    let (t, its) = (count_of(&trainable), if critic { "its" } else { "the" });
     let d = format!("a copy of {its} optimizer state ({copies} x {t} x f32) + write buffers");
     let key = key(critic, "checkpoint_buffers");
     c.add(key, size, d, &[Phase::Checkpoint]);
 }
 
-/// The final export's buffers: the largest tensor's write buffer, and with bf16 the weights
-/// converted to f32.
+/// The final export's buffers: the largest tensor's, and with bf16 the weights in f32.
 fn export(m: &Model, run: &Run) -> Sized {
-    let f32s = if run.bf16 {
-        tensors(&m.weight_tensors(), 4)
-    } else {
-        Sized::default()
-    };
-    Sized::one(m.dims.largest_tensor() as u64 * 4) + f32s
+    let f32s = run.bf16.then(|| tensors(&m.weight_tensors(), 4));
+    Sized::one(m.dims.largest_tensor() as u64 * 4) + f32s.unwrap_or_default()
 }
 
 /// `(elements of every adapted weight, merge_lora's f32 delta, weight and sum of the largest)`.
@@ -384,8 +347,8 @@ fn merged_model(c: &mut Parts, run: &Run) {
     } else if lora {
         let d = match generates {
             true => {
-                "generation adds the adapters to the frozen base as it decodes; the final \
-                     export merges them one tensor at a time as it writes"
+                "generation adds the adapters to the frozen base as it decodes; the final export \
+                 merges them one tensor at a time as it writes"
             }
             false => "the final export merges the adapters one tensor at a time as it writes",
         };
@@ -393,7 +356,7 @@ fn merged_model(c: &mut Parts, run: &Run) {
     } else {
         return;
     };
-    c.named("rollout_model", name, size, d, phases);
+    c.add("rollout_model", size, d, phases).name = name.into();
 }
 
 /// `[[rewards]] type = "model"`: their weights (loaded before the policy, dense in the run's
@@ -406,15 +369,11 @@ fn reward_models(c: &mut Parts, run: &Run) {
     let (mut names, mut pass_d) = (Vec::new(), String::new());
     for r in &run.reward_models {
         weights = weights + tensors(&r.model.weight_tensors(), run.weight_bytes());
-        let base = if r.model.headless {
-            ""
-        } else {
-            " (a causal LM base with its LM head)"
-        };
+        let base = when(!r.model.headless, " (a causal LM base with its LM head)");
         let (name, params) = (&r.name, count(r.model.parameters()));
         names.push(format!("`{name}` {params} params{base}"));
         let mb = MicroBatch::plain("reward model rows", r.rows, r.tokens, r.rows);
-        let s = no_grad_pass(&r.model.dims, run.kernels(), HeadKernel::Score, &mb);
+        let s = no_grad_pass(&r.model, run.kernels(), &mb);
         if s.bytes > pass.bytes {
             let (rows, tokens) = (r.rows, r.tokens);
             pass = s;
@@ -424,95 +383,66 @@ fn reward_models(c: &mut Parts, run: &Run) {
             );
         }
     }
-    let (names, dtype) = (names.join(", "), dtype(run));
+    let (names, dtype) = (names.join(", "), run.dtype());
     let d = format!("{names} x {dtype}, loaded before the policy, GGUF blocks dropped");
     c.add("reward_model_weights", weights, d, ALL);
     c.add("reward_model_pass", pass, pass_d, &[Phase::Reward]);
 }
 
-/// PPO's critic: a second model (GGUF blocks dropped, dense) with a score head, trained as the
-/// policy is in the same AdamW, over plain rows; its saved tensors sit beside the policy's
-/// until the summed loss is dropped, while the two backward passes run one after the other,
-/// so only the larger working set counts (`policy`). Returns its activations.
+/// PPO's critic: a second model (dense, score head) trained in the policy's AdamW; its saved
+/// tensors sit beside the policy's, but the two backward passes run one after the other, so
+/// only the larger working set counts (`policy`'s or its own). Returns its activations.
 fn critic(c: &mut Parts, run: &Run, k: &Critic, policy: &Activations) -> Activations {
     let (m, dims, mb, kernels) = (&k.model, &k.model.dims, &k.update, run.kernels());
     let weights = tensors(&m.weight_tensors(), run.weight_bytes());
-    let lm = if m.unused_lm_head() {
-        " (with its unused lm_head)"
-    } else {
-        ""
-    };
+    let lm = when(m.unused_lm_head(), " (with its unused lm_head)");
+    let (params, dtype, h) = (count(m.parameters()), run.dtype(), dims.hidden);
     let d = format!(
-        "{} params x {}: the decoder{lm} and the score head [1, {}]; GGUF blocks dropped",
-        count(m.parameters()),
-        dtype(run),
-        dims.hidden
+        "{params} params x {dtype}: the decoder{lm} and the score head [1, {h}]; GGUF blocks \
+         dropped"
     );
     c.add("critic_weights", weights, d, AFTER_POLICY_LOAD);
     training(c, run, m, true, weights);
-    let values = no_grad_pass(dims, kernels, HeadKernel::Score, mb);
+    let values = no_grad_pass(m, kernels, mb);
     let (rows, tokens) = mb.passes.first().map_or((0, 0), |p| (p.rows, p.tokens));
     let d = format!(
         "per rollout, micro-batches of {rows} rows x {tokens} tokens through the critic without \
          graph"
     );
     c.add("critic_values", values, d, &[Phase::Values]);
-    let acts = activations(dims, &run.tuning, kernels, HeadKernel::Score, mb, false);
+    let acts = activations(run, m, mb, false);
     let (ours, theirs) = (acts.working_set, policy.working_set);
-    let overlap = if ours.bytes <= theirs.bytes {
-        ours
-    } else {
-        theirs
-    };
+    let overlap = std::cmp::min_by_key(ours, theirs, |s| s.bytes);
     let fresh = acts.total.fresh_bytes.saturating_sub(overlap.fresh_bytes);
     let size = Sized::new(acts.total.bytes - overlap.bytes, fresh);
+    let (n, tokens, layers, rows) = (run.micro_batch, mb.tokens(), dims.layers, mb.head_rows);
     let d = format!(
-        "micro-batch of {}: {} tokens x {} layers (never checkpointed) + score head over {} rows; \
-         its backward's working set ({:.1} MiB) runs apart from the policy's, only the larger \
-         counts",
-        run.micro_batch,
-        mb.tokens(),
-        dims.layers,
-        mb.head_rows,
+        "micro-batch of {n}: {tokens} tokens x {layers} layers (never checkpointed) + score head \
+         over {rows} rows; its backward's working set ({:.1} MiB) runs apart from the policy's, \
+         only the larger counts",
         mib(ours.bytes)
     );
     c.add("critic_activations", size, d, &[Phase::Update]);
     checkpoint(c, run, m, true);
     let (copy, one) = merge(m, &run.tuning, run.weight_bytes());
-    let merged = if copy.bytes > 0 {
-        ": the adapters merged into a copy"
-    } else {
-        ""
-    };
+    let merged = when(copy.bytes > 0, ": the adapters merged into a copy");
     let buffers = match run.bf16 {
         true => ", the weights converted to f32",
         false => ", the largest tensor's write buffer",
     };
     let d = format!("critic/ as an HF directory{merged}{buffers}");
-    c.add(
-        "critic_export",
-        copy + one + export(m, run),
-        d,
-        &[Phase::CriticExport],
-    );
+    let size = copy + one + export(m, run);
+    c.add("critic_export", size, d, &[Phase::CriticExport]);
     acts
 }
 
-/// Each `present` phase's totals over `components`, and the heap's high-water mark (the
-/// largest live bytes outside fresh buffers of any phase). A phase's RSS is that mark plus its
-/// fresh buffers, less the fresh buffers of the components allocated anew in it (alive in
-/// fewer phases than the optimizer state) when the heap's free memory is at least
-/// [`HEAP_REUSE_FACTOR`](crate::HEAP_REUSE_FACTOR) times them; the load phase's is its own
-/// live bytes (it comes first).
+/// Each `present` phase's totals over `components`, and the heap's high-water mark; a
+/// component alive in fewer phases than the optimizer is new in them (see the crate docs).
 fn phase_totals(components: &[Component], present: &[Phase]) -> (Vec<PhaseTotal>, u64) {
     let sums = |phase: Phase| {
         let alive = components.iter().filter(|x| x.phases.contains(&phase));
         alive.fold((0u64, 0u64, 0u64), |(b, f, tf), x| {
-            let transient = if x.phases.len() < AFTER_LOAD.len() {
-                x.fresh_bytes
-            } else {
-                0
-            };
+            let transient = x.fresh_bytes * u64::from(x.phases.len() < AFTER_LOAD.len());
             (b + x.bytes, f + x.fresh_bytes, tf + transient)
         })
     };

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::{MicroBatch, ModelDims, Tuning, MMAP_THRESHOLD};
+use crate::{MicroBatch, Model, ModelDims, Run, Tuning, MMAP_THRESHOLD};
 
 /// Bytes of a set of buffers, with the part in buffers of at least [`MMAP_THRESHOLD`] bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -42,11 +42,7 @@ impl Sized {
 
     /// The one with more bytes (`self` on a tie).
     pub fn larger(self, o: Sized) -> Sized {
-        if o.bytes > self.bytes {
-            o
-        } else {
-            self
-        }
+        std::cmp::max_by_key(o, self, |s| s.bytes)
     }
 }
 
@@ -83,19 +79,11 @@ impl ModelDims {
 
     /// `[hidden, intermediate, q_dim, kv_dim, vocab, layers]` as `u64`.
     fn wide(&self) -> [u64; 6] {
-        [
-            self.hidden,
-            self.intermediate,
-            self.q_dim(),
-            self.kv_dim(),
-            self.vocab,
-            self.layers,
-        ]
-        .map(|x| x as u64)
+        let (h, i, q, kv) = (self.hidden, self.intermediate, self.q_dim(), self.kv_dim());
+        [h, i, q, kv, self.vocab, self.layers].map(|x| x as u64)
     }
 
-    /// `(module, out, in)` of one layer's linear layers, in `rlft_model::lora::LORA_MODULES`
-    /// order.
+    /// `(module, out, in)` of one layer's linears, in `rlft_model::lora::LORA_MODULES` order.
     pub fn linears(&self) -> [(&'static str, usize, usize); 7] {
         let (h, i, q, kv) = (self.hidden, self.intermediate, self.q_dim(), self.kv_dim());
         [
@@ -109,20 +97,12 @@ impl ModelDims {
         ]
     }
 
-    /// Elements of one layer's biases, those it has (they train outside the linear with full
-    /// fine-tuning).
+    /// Elements of the biases one layer has (full fine-tuning trains them outside the linear).
     fn layer_biases(&self) -> Vec<u64> {
-        let (h, i, qkv) = (
-            self.hidden,
-            self.intermediate,
-            self.q_dim() + 2 * self.kv_dim(),
-        );
-        let all = [
-            (self.qkv_bias, qkv),
-            (self.o_bias, h),
-            (self.mlp_bias, 2 * i + h),
-        ];
-        all.iter().filter(|b| b.0).map(|b| b.1 as u64).collect()
+        let [h, i, q, kv, ..] = self.wide();
+        let has = [self.qkv_bias, self.o_bias, self.mlp_bias];
+        let sizes = [q + 2 * kv, h, 2 * i + h].into_iter().zip(has);
+        sizes.filter_map(|(n, on)| on.then_some(n)).collect()
     }
 
     /// Elements of every weight tensor, as `CausalLm::named_weights` holds them: embedding,
@@ -155,11 +135,9 @@ impl ModelDims {
         let Tuning::Lora(l) = tuning else {
             return Vec::new();
         };
-        let one = self
-            .linears()
-            .into_iter()
-            .filter(|(m, _, _)| l.modules.contains(m));
-        let one: Vec<_> = one.map(|(_, o, i)| (o, i)).collect();
+        let linears = self.linears();
+        let one = linears.iter().filter(|x| l.modules.contains(&x.0));
+        let one: Vec<_> = one.map(|x| (x.1, x.2)).collect();
         one.repeat(self.layers)
     }
 
@@ -169,10 +147,8 @@ impl ModelDims {
         match tuning {
             Tuning::Full => self.weight_tensors(),
             Tuning::Lora(l) => {
-                let adapters = self.adapted(tuning).into_iter();
-                adapters
-                    .flat_map(|(o, i)| [(l.r * i) as u64, (o * l.r) as u64])
-                    .collect()
+                let ab = |(o, i): (usize, usize)| [(l.r * i) as u64, (o * l.r) as u64];
+                self.adapted(tuning).into_iter().flat_map(ab).collect()
             }
         }
     }
@@ -183,19 +159,12 @@ pub fn tensors(elems: &[u64], bytes: u64) -> Sized {
     Sized::of(elems.iter().map(|e| e * bytes))
 }
 
-/// Bytes of a KV cache: `rows x layers x 2 (k, v) x kv_dim x positions x bytes`.
-pub fn kv_cache_bytes(dims: &ModelDims, rows: usize, positions: usize, bytes: u64) -> u64 {
-    (rows * dims.layers * 2 * dims.kv_dim() * positions) as u64 * bytes
-}
-
-/// Generation: a KV cache per row and layer with room for prompt and new tokens (f32 CPU
-/// decoding copies each prompt's prefilled cache to its rows), two `[rows, vocab]` f32 logits,
-/// and the larger of the prefill's buffers ([`no_grad_layer`] with two MLP-wide ones) and
-/// the prompts' own caches, which the rows' copies outlive.
+/// Generation: a KV cache per row and layer for prompt and new tokens, two `[rows, vocab]` f32
+/// logits, and the larger of the prefill's buffers and the prompts' caches (copied to the rows).
 pub fn generation(dims: &ModelDims, g: &crate::Generation, kv_bytes: u64) -> Sized {
     let (rows, l) = ((g.prompts * g.per_prompt) as u64, dims.layers as u64);
-    // One row's k (or v) of one layer for `positions`.
-    let one = |positions| kv_cache_bytes(dims, 1, positions, kv_bytes) / 2 / l.max(1);
+    // One row's k (or v) of one layer for `positions`: `kv_dim x positions`.
+    let one = |positions: usize| (dims.kv_dim() * positions) as u64 * kv_bytes;
     let kv = Sized::times(one(g.prompt_tokens + g.new_tokens), rows * 2 * l);
     let logits = Sized::times(rows * dims.vocab as u64 * 4, 2);
     let prefill = no_grad_layer(dims, (g.prompts * g.prompt_tokens) as u64, 4, 2);
@@ -207,11 +176,9 @@ pub fn generation(dims: &ModelDims, g: &crate::Generation, kv_bytes: u64) -> Siz
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kernels {
-    /// `rlft_kernels::fused` (f32 on the CPU): one graph node per norm, linear, RoPE, SwiGLU
-    /// and attention, whose probabilities are recomputed in backward.
+    /// `rlft_kernels::fused` (f32 on the CPU): a node per norm, linear, RoPE, SwiGLU, attention.
     Fused,
-    /// candle's composites (bf16 on the CPU): each elementary op keeps its inputs, norms and
-    /// softmax run in f32, attention materialises its scores.
+    /// candle's composites (bf16 on the CPU): each op keeps its inputs, attention its scores.
     Composite,
 }
 
@@ -243,14 +210,12 @@ pub const FUSED_HEAD_KEEP: u64 = 1 << 25;
 
 /// Rows of the fused head's forward logits block for `rows` rows of a `vocab` vocabulary.
 fn fused_head_rows(vocab: u64, rows: u64) -> u64 {
-    (FUSED_HEAD_FWD_BLOCK / vocab.max(1))
-        .max(FUSED_HEAD_MIN_ROWS)
-        .min(rows.max(1))
+    let per_block = FUSED_HEAD_FWD_BLOCK / vocab.max(1);
+    per_block.max(FUSED_HEAD_MIN_ROWS).min(rows.max(1))
 }
 
 /// Bytes per (head, query, key) the composite attention keeps: bf16 scores and scaled scores,
 /// f32 cast, masked, shifted, `exp` and probabilities, bf16 probabilities (2+2+4x5+2).
-/// Measured with the per-token figures (`plan_activations.rs`).
 pub const SCORE_BYTES: u64 = 26;
 
 /// Bytes one decoder layer keeps for the backward per token of a pass (the layer's input
@@ -258,13 +223,12 @@ pub const SCORE_BYTES: u64 = 26;
 ///
 /// - fused f32: `4 x (6 h + 3 q + 3 kv + 3 i)`: the input norm's output, q/k/v, q/k after
 ///   RoPE, the attention output, o_proj's output and the residual, the second norm, gate, up,
-///   SwiGLU, down and the residual. Qwen3's q/k norms add `4 x 2 (q + kv)`; LoRA dropout an
-///   f32 mask per adapted input;
+///   SwiGLU, down and the residual. Qwen3's q/k norms add `4 x 2 (q + kv)`; LoRA keeps `x A^T`
+///   (`4 r` per adapted module), with dropout an f32 mask per adapted input;
 /// - composite bf16: `40 h + 18 q + 15 kv + 8 i`: norms in f32 (16 bytes x h each), RoPE as
 ///   several tensors (about 10 bytes x (q + kv)), the copies around the attention; LoRA adds
 ///   `4 in + 4 r + 18 out` per adapted module (f32 adapters over the bf16 output), `12 in`
 ///   with dropout; q/k norms `16 (q + kv)`; attention scores are [`SCORE_BYTES`] apart;
-/// - fused LoRA keeps `x A^T` (`4 r` per adapted module), and with dropout its f32 mask;
 /// - full fine-tuning with biases: the outputs before each trainable bias.
 pub fn layer_bytes_per_token(dims: &ModelDims, kernels: Kernels, tuning: &Tuning) -> u64 {
     let (h, q, kv, i) = (dims.hidden, dims.q_dim(), dims.kv_dim(), dims.intermediate);
@@ -318,8 +282,7 @@ pub struct Activations {
     pub layers: Sized,
     /// Embeddings, final norm, shared-prompt gathers, the head, backward buffers.
     pub extra: Vec<Part>,
-    /// The part of `extra` alive only while the head or the backward runs: two graphs
-    /// backpropagated one after the other (PPO's policy and critic) hold the larger.
+    /// The part of `extra` alive only while the head or the backward runs (PPO: larger counts).
     pub working_set: Sized,
     /// Sum.
     pub total: Sized,
@@ -332,22 +295,14 @@ pub const BACKWARD_I: u64 = 3;
 /// See [`BACKWARD_I`].
 pub const BACKWARD_H: u64 = 4;
 
-/// The activations of one micro-batch's forward + backward through a model of `dims` (its
-/// head `head`), with `checkpointing` keeping only each layer's input and one layer's
-/// internals at a time.
-pub fn activations(
-    dims: &ModelDims,
-    tuning: &Tuning,
-    kernels: Kernels,
-    head: HeadKernel,
-    mb: &MicroBatch,
-    checkpointing: bool,
-) -> Activations {
-    let fused = kernels == Kernels::Fused;
-    let (act, per_score, mlp) = if fused {
-        (4, 0, 3)
-    } else {
-        (2, SCORE_BYTES, 4)
+/// The activations of one micro-batch's forward + backward through `m` of `run`, with
+/// `checkpointing` keeping each layer's input and one layer's internals at a time.
+pub fn activations(run: &Run, m: &Model, mb: &MicroBatch, checkpointing: bool) -> Activations {
+    let (tuning, kernels) = (&run.tuning, run.kernels());
+    let (dims, head, fused) = (&m.dims, m.head(kernels), kernels == Kernels::Fused);
+    let (act, per_score, mlp) = match kernels {
+        Kernels::Fused => (4, 0, 3),
+        Kernels::Composite => (2, SCORE_BYTES, 4),
     };
     let [h, i, _, kvd, v, nl] = dims.wide();
     let per_token = layer_bytes_per_token(dims, kernels, tuning);
@@ -372,12 +327,7 @@ pub fn activations(
     };
     let per_pass = |b: u64| Sized::of(mb.passes.iter().map(|p| p.total_tokens() as u64 * b));
     let mut extra = Vec::new();
-    let mut push = |name: &str, size: Sized| {
-        extra.push(Part {
-            name: name.into(),
-            size,
-        })
-    };
+    let mut push = |name: &str, size| extra.push((name.to_string(), size));
     push("token embeddings", per_pass(h * act));
     push("final norm", per_pass(h * if fused { 4 } else { 16 }));
     if let Some((n, p)) = mb.shared_prompt {
@@ -393,39 +343,25 @@ pub fn activations(
     }
     let (r, score) = (mb.head_rows as u64, head == HeadKernel::Score);
     let rows = Sized::times(r * h * act, 1 + u64::from(mb.temperature_scaled));
-    push(
-        if score {
-            "score head input rows"
-        } else {
-            "LM head input rows"
-        },
-        rows,
-    );
+    let (head_name, passes) = match score {
+        true => ("score head", "backward"),
+        false => ("LM head", "forward/backward"),
+    };
+    push(&format!("{head_name} input rows"), rows);
     let full = matches!(tuning, Tuning::Full);
     let keep = full && r * v <= FUSED_HEAD_KEEP;
     let (name, saved, bwd) = match head {
         HeadKernel::Chunked => {
             // Per block: logits (and their f32 cast for bf16), shifted logits, `exp`.
             let block = |rows: u64| {
-                let cast = if fused {
-                    Sized::default()
-                } else {
-                    Sized::one(rows * v * 2)
-                };
-                Sized::times(rows * v * 4, 3) + cast
+                Sized::times(rows * v * 4, 3) + Sized::one(rows * v * 2) * u64::from(!fused)
             };
-            let (whole, part) = (r / HEAD_CHUNK, r % HEAD_CHUNK);
-            let mut s = (0..whole).map(|_| block(HEAD_CHUNK)).sum::<Sized>();
-            if part > 0 {
-                s = s + block(part);
-            }
+            let starts = (0..r).step_by(HEAD_CHUNK as usize);
+            let s: Sized = starts.map(|at| block((r - at).min(HEAD_CHUNK))).sum();
             let blocks = r.div_ceil(HEAD_CHUNK);
             let name = format!("LM head logits ({blocks} x [<= {HEAD_CHUNK}, {v}] blocks x 3)");
-            (
-                name,
-                s,
-                Sized::times(r.min(HEAD_CHUNK) * v * 4, HEAD_BACKWARD_CHUNKS),
-            )
+            let bwd = Sized::times(r.min(HEAD_CHUNK) * v * 4, HEAD_BACKWARD_CHUNKS);
+            (name, s, bwd)
         }
         HeadKernel::Fused => {
             // Frozen head: d out / d hidden [rows, h]; trainable: lse per row, and the
@@ -442,11 +378,7 @@ pub fn activations(
             let fwd_rows = fused_head_rows(v, r);
             let block = if keep { 0 } else { fwd_rows * v * 4 };
             let fwd = Sized::one(block) + Sized::one(fwd_rows * h * 4);
-            let tile = if full {
-                FUSED_HEAD_BWD_TILE.min(r * v) * 4
-            } else {
-                0
-            };
+            let tile = FUSED_HEAD_BWD_TILE.min(r * v) * 4 * u64::from(full);
             let bwd = Sized::of([tile, r * h * 4]);
             (name.into(), Sized::one(saved), fwd.larger(bwd))
         }
@@ -459,14 +391,7 @@ pub fn activations(
         ),
     };
     push(&name, saved);
-    push(
-        if score {
-            "score head backward buffers"
-        } else {
-            "LM head forward/backward buffers"
-        },
-        bwd,
-    );
+    push(&format!("{head_name} {passes} buffers"), bwd);
     let in_flight =
         Sized::times(tokens * i * 4, BACKWARD_I) + Sized::times(tokens * h * 4, BACKWARD_H);
     push("layer backward gradients in flight", in_flight);
@@ -478,7 +403,8 @@ pub fn activations(
         working_set = working_set + partial;
         push("embedding/head gradient partial sums", partial);
     }
-    let total = extra.iter().fold(layers, |a, p| a + p.size);
+    let total = extra.iter().fold(layers, |a, p| a + p.1);
+    let extra = extra.into_iter().map(|(name, size)| Part { name, size });
     Activations {
         kernels,
         head,
@@ -487,7 +413,7 @@ pub fn activations(
         layer_bytes_per_score: per_score,
         layer_count: dims.layers,
         layers,
-        extra,
+        extra: extra.collect(),
         working_set,
         total,
     }
@@ -504,14 +430,9 @@ fn no_grad_layer(dims: &ModelDims, t: u64, act: u64, mlp: u64) -> Sized {
 /// Bytes a no-grad log-prob pass (or a score model's value pass) holds at its peak: one
 /// layer's temporaries (composite: and its scores, masked scores and probabilities in f32),
 /// the rows the head reads, and the head's logits block (or values).
-pub fn no_grad_pass(
-    dims: &ModelDims,
-    kernels: Kernels,
-    head: HeadKernel,
-    mb: &MicroBatch,
-) -> Sized {
+pub fn no_grad_pass(m: &Model, kernels: Kernels, mb: &MicroBatch) -> Sized {
     let act = if kernels == Kernels::Fused { 4 } else { 2 };
-    let mut out = Sized::default();
+    let (dims, mut out) = (&m.dims, Sized::default());
     for p in &mb.passes {
         out = out + no_grad_layer(dims, p.total_tokens() as u64, act, 3);
         if kernels == Kernels::Composite {
@@ -519,7 +440,7 @@ pub fn no_grad_pass(
         }
     }
     let (v, r) = (dims.vocab as u64, mb.head_rows as u64);
-    let head = match head {
+    let head = match m.head(kernels) {
         HeadKernel::Score => Sized::one(r * 8),
         HeadKernel::Chunked => Sized::times(r.min(HEAD_CHUNK) * v * 4, 3),
         HeadKernel::Fused => Sized::one(fused_head_rows(v, r) * v * 4),
@@ -527,7 +448,7 @@ pub fn no_grad_pass(
     out + head + Sized::one(r * dims.hidden as u64 * act)
 }
 
-impl crate::Model {
+impl Model {
     /// Elements of every weight tensor: the decoder's ([`ModelDims::weight_tensors`]; an
     /// untied LM head dropped when headless) and the `[1, hidden]` score head.
     pub fn weight_tensors(&self) -> Vec<u64> {

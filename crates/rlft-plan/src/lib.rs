@@ -11,11 +11,9 @@
 //! - weights `P x w`, LoRA adapters `T x 4`, AdamW `2 x T x 4`, gradients `T x w + T x 4`, a
 //!   reference copy `P x w`, KV caches `rows x layers x 2 x kv_dim x positions x w`, the
 //!   export's and checkpoint's buffers ([`formulas`]);
-//! - activations: one figure per token per layer for each kernel path
-//!   ([`formulas::layer_bytes_per_token`]), plus attention scores per (head, query, key) where
-//!   candle's composite path materialises them ([`formulas::SCORE_BYTES`]), the LM head and the
-//!   backward's working set. `crates/rlft/tests/plan_activations.rs` measures the
-//!   per-token figures on tiny models and fails when a kernel keeps more or less.
+//! - activations: a figure per token per layer for each kernel path, attention scores where
+//!   candle's composite path keeps them, the head and the backward's working set
+//!   ([`formulas::activations`]), measured by `crates/rlft/tests/plan_activations.rs`.
 //!
 //! Phases do not add up: the allocator keeps what a phase frees for the next
 //! (`rlft_kernels::alloc`), so RSS after loading is the heap's high-water mark (the largest
@@ -34,13 +32,11 @@ pub use formulas::{Activations, HeadKernel, Kernels, Part, Sized};
 pub use suggest::{suggest, Change, Suggestion};
 
 /// Buffers this large or larger get fresh pages from `mmap` and go back to the system when
-/// freed; smaller ones come from the heap, which keeps what is freed (`rlft_kernels::alloc`
-/// sets glibc's threshold to 32 MiB and turns trimming off).
+/// freed; the heap keeps smaller ones (`rlft_kernels::alloc` sets glibc's threshold, no trim).
 pub const MMAP_THRESHOLD: u64 = 32 << 20;
 
-/// A phase's own buffers of [`MMAP_THRESHOLD`] bytes or more reuse the heap's free memory when
-/// it is at least this many times their size; fragmentation leaves less room than the free
-/// total. Calibrated on the default model (`docs/memory.md`).
+/// A phase's own buffers of [`MMAP_THRESHOLD`] bytes or more reuse the heap's free memory when it
+/// is this many times their size (fragmentation); calibrated in `docs/memory.md`.
 pub const HEAP_REUSE_FACTOR: u64 = 2;
 
 /// A run the plan cannot describe.
@@ -52,7 +48,7 @@ pub enum PlanError {
 }
 
 /// The dimensions of a decoder-only model that memory depends on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct ModelDims {
     /// Vocabulary `V`.
     pub vocab: usize,
@@ -92,36 +88,35 @@ pub struct LoraShape {
 }
 
 /// What trains.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Tuning {
     /// Every weight.
+    #[default]
     Full,
     /// LoRA adapters over frozen weights.
     Lora(LoraShape),
 }
 
 /// A model the run holds: its shape, its head and the files it is read from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Model {
     /// Its dimensions.
     pub dims: ModelDims,
     /// A `[1, hidden]` score head (reward model, PPO's critic) instead of the LM head.
     pub score_head: bool,
-    /// No LM head: a `*ForSequenceClassification` model, or the reward-model trainer, which
-    /// drops an untied one at load. A score model without it keeps an unused `lm_head`.
+    /// No LM head: a `*ForSequenceClassification` model, or the reward-model trainer's (it drops
+    /// an untied one at load).
     pub headless: bool,
     /// Bytes its loader holds at once (a GGUF file, or the largest safetensors shard).
     pub source_file_bytes: u64,
     /// GGUF blocks an f32 load keeps beside the dense weights for decoding.
     pub decode_block_bytes: u64,
-    /// `(parameters, bytes)` of the matrices a LoRA run over an f32 GGUF load keeps in their
-    /// blocks instead of f32.
+    /// `(parameters, bytes)` of the matrices a LoRA run over an f32 GGUF load keeps in blocks.
     pub frozen_blocks: (u64, u64),
 }
 
-/// One forward pass of a micro-batch: `rows` sequences of `tokens` inputs attending to `keys`
-/// positions each.
+/// One forward pass of a micro-batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Pass {
     /// What it computes.
@@ -152,14 +147,13 @@ impl Pass {
 }
 
 /// The forward passes of one micro-batch and what reads their output.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct MicroBatch {
     /// The passes.
     pub passes: Vec<Pass>,
     /// Rows through the head (scored positions).
     pub head_rows: usize,
-    /// Completions whose prompt keys/values are gathered from a shared prompt pass:
-    /// `(completions, prompt tokens)`.
+    /// `(completions, prompt tokens)` gathering keys/values from a shared prompt pass.
     pub shared_prompt: Option<(usize, usize)>,
     /// Hidden rows divided by the sampling temperature before the head.
     pub temperature_scaled: bool,
@@ -173,8 +167,7 @@ impl MicroBatch {
     }
 
     /// A prompt pass of `prompt_rows` rows of `prompt` tokens, then `completions` rows of
-    /// `completion - 1` inputs attending to their prompt (`rollout::score_batch`'s shared
-    /// prompts; DPO's pairs); the head over every completion token.
+    /// `completion - 1` inputs attending to it (`rollout::score_batch`), the head over them all.
     pub fn shared(
         prompt_rows: usize,
         prompt: usize,
@@ -205,8 +198,7 @@ impl MicroBatch {
     }
 }
 
-/// Generating `per_prompt` samples for each of `prompts` prompts of `prompt_tokens` tokens,
-/// `new_tokens` new tokens each.
+/// Generating samples for prompts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Generation {
     /// Prompts at once.
@@ -222,8 +214,7 @@ pub struct Generation {
 /// The reference model, when the trainer has one (a component even at 0 bytes, to say why).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Reference {
-    /// A frozen copy of the starting weights is kept (else the base with adapters off, or
-    /// log-probs computed before training).
+    /// A frozen copy of the starting weights (else the base with adapters off, or precomputed).
     pub copy: bool,
     /// Why, in words.
     pub detail: String,
@@ -252,7 +243,7 @@ pub struct RewardScorer {
 }
 
 /// What a trainer declares of a run: its models, its passes and what it generates and scores.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Run {
     /// bf16 weights and activations (else f32).
     pub bf16: bool,
@@ -285,43 +276,34 @@ pub struct Run {
 }
 
 impl Run {
-    /// A run of `policy` with `tuning` and micro-batches of `micro_batch` (`update`); f32, one
-    /// micro-batch per step, nothing generated, scored or referenced: the trainer sets the rest.
+    /// A run of `policy` with `tuning` and micro-batches of `micro_batch` (`update`): f32, no
+    /// accumulation, nothing generated, scored or referenced; the trainer sets the rest.
     pub fn new(policy: Model, tuning: Tuning, micro_batch: usize, update: MicroBatch) -> Self {
+        let (unit, accumulation) = ("examples", 1);
         Run {
-            bf16: false,
+            policy,
             tuning,
             micro_batch,
-            unit: "examples",
-            accumulation: 1,
-            gradient_checkpointing: false,
-            policy,
             update,
-            scored: None,
-            reference: None,
-            generation: None,
-            eval_generation: None,
-            critic: None,
-            reward_models: Vec::new(),
+            unit,
+            accumulation,
+            ..Run::default()
         }
     }
 
     /// Bytes per weight: 4 (f32) or 2 (bf16).
     pub fn weight_bytes(&self) -> u64 {
-        if self.bf16 {
-            2
-        } else {
-            4
-        }
+        [4, 2][usize::from(self.bf16)]
+    }
+
+    /// The weights' dtype: "f32" or "bf16".
+    pub fn dtype(&self) -> &'static str {
+        ["f32", "bf16"][usize::from(self.bf16)]
     }
 
     /// The CPU training kernels: fused for f32, candle's composites for bf16.
     pub fn kernels(&self) -> Kernels {
-        if self.bf16 {
-            Kernels::Composite
-        } else {
-            Kernels::Fused
-        }
+        [Kernels::Fused, Kernels::Composite][usize::from(self.bf16)]
     }
 }
 
@@ -375,23 +357,6 @@ impl Phase {
         Phase::Export,
         Phase::CriticExport,
     ];
-
-    /// Lower-case name.
-    pub fn name(self) -> &'static str {
-        [
-            "load",
-            "critic_load",
-            "eval",
-            "generate",
-            "reward",
-            "score",
-            "values",
-            "update",
-            "checkpoint",
-            "export",
-            "critic_export",
-        ][self as usize]
-    }
 }
 
 /// One part of the memory.
@@ -420,8 +385,7 @@ pub struct PhaseTotal {
     pub live_bytes: u64,
     /// The part of `live_bytes` in fresh buffers.
     pub fresh_bytes: u64,
-    /// Predicted RSS: the heap's high-water mark plus the phase's fresh buffers (less those
-    /// that fit in the heap's free memory); the load phase's own live bytes.
+    /// Predicted RSS: the heap's high-water mark plus the phase's fresh buffers (crate docs).
     pub rss_bytes: u64,
 }
 

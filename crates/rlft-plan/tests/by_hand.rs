@@ -75,6 +75,12 @@ fn generation(prompts: usize, per_prompt: usize, prompt_tokens: usize, new: usiz
     }
 }
 
+/// `run` in bf16 (candle's composite kernels).
+fn bf16(mut run: Run) -> Run {
+    run.bf16 = true;
+    run
+}
+
 /// SFT-like: `micro` rows of `tokens` inputs, the head over all of them.
 fn plain(tuning: Tuning, micro: usize, tokens: usize) -> Run {
     let update = MicroBatch::plain("rows", micro, tokens, micro * tokens);
@@ -122,14 +128,11 @@ fn parameters_and_caches() {
     let qv = lora_qv(false);
     assert_eq!(d.trainable_tensors(&qv).iter().sum::<u64>(), T);
     assert_eq!(d.adapted(&qv), [(64, 64), (32, 64), (64, 64), (32, 64)]);
-    assert_eq!(kv_cache_bytes(&d, 16, 100, 4), 16 * 2 * 2 * 32 * 100 * 4);
     // 2 prompts of 10 x 4 samples, 6 new: KV 8 rows x 2 layers x 2 x 32 x 16 x 4, two [8, 512]
     // f32 logits, and the prefill's 20 tokens x (4 h + 2 q + 2 kv + 2 i) floats.
     let g = generation(2, 4, 10, 6);
-    assert_eq!(
-        formulas::generation(&d, &g, 4).bytes,
-        65_536 + 32_768 + 56_320
-    );
+    let bytes = formulas::generation(&d, &g, 4).bytes;
+    assert_eq!(bytes, 65_536 + 32_768 + 56_320);
 }
 
 #[test]
@@ -137,16 +140,12 @@ fn per_token_figures() {
     let per_token = |k, t: &Tuning| layer_bytes_per_token(&TINY, k, t);
     assert_eq!(per_token(Kernels::Fused, &lora_qv(false)), FUSED_QV);
     // Dropout: an f32 mask per adapted input (64 + 64).
-    assert_eq!(
-        per_token(Kernels::Fused, &lora_qv(true)),
-        FUSED_QV + 128 * 4
-    );
+    let dropout = per_token(Kernels::Fused, &lora_qv(true));
+    assert_eq!(dropout, FUSED_QV + 128 * 4);
     // Composite, full: 40 h + 18 q + 15 kv + 8 i; scores apart, 26 bytes each.
     let comp = per_token(Kernels::Composite, &Tuning::Full);
     assert_eq!(comp, 40 * 64 + 18 * 64 + 15 * 32 + 8 * 128);
-    let mut r = plain(Tuning::Full, 2, 8);
-    r.bf16 = true;
-    let a = plan(&r).activations;
+    let a = plan(&bf16(plain(Tuning::Full, 2, 8))).activations;
     // 2 layers x (16 tokens x comp + 2 rows x 4 heads x 8 x 8 scores x 26).
     assert_eq!(a.layers.bytes, 2 * (16 * comp + 512 * 26));
     let kinds = (a.kernels, a.head, a.layers.fresh_bytes);
@@ -190,10 +189,8 @@ fn sft_lora_components_by_hand() {
     // No buffer reaches the mmap threshold: every phase after loading sits at the heap's
     // high-water mark, the update's.
     let peak = (p.peak_phase, p.total_bytes, p.heap_high_water_bytes);
-    assert_eq!(
-        peak,
-        (Phase::Update, live(Phase::Update), live(Phase::Update))
-    );
+    let update = live(Phase::Update);
+    assert_eq!(peak, (Phase::Update, update, update));
     let at_mark = |x: &PhaseTotal| x.phase == Phase::Load || x.rss_bytes == peak.2;
     assert!(p.phases.iter().all(at_mark));
     // A single-token pass: the export outweighs the update.
@@ -225,14 +222,12 @@ fn full_fine_tuning_and_bf16() {
     big.policy.dims.vocab = 1 << 22;
     assert_eq!(head(&plan(&big)), 16 * 4);
     // bf16: weights and micro-batch gradients halve, AdamW adds an f32 master copy.
-    let mut r = plain(Tuning::Full, 2, 8);
-    r.bf16 = true;
     let halved = [
         ("weights", P * 2),
         ("master", P * 4),
         ("gradients", P * 2 + P * 4),
     ];
-    check(&plan(&r), &halved);
+    check(&plan(&bf16(plain(Tuning::Full, 2, 8))), &halved);
 }
 
 #[test]
@@ -248,12 +243,11 @@ fn grpo_reference_generation_and_merging() {
     assert_eq!((mb.tokens(), mb.head_rows), (44, 30));
     // f32 LoRA decodes the adapters itself (only the export merges); bf16 generates from a
     // merged copy.
-    let mut r = grpo(lora_qv(false), false);
-    let phases = |p: Plan| p.component("rollout_model").unwrap().phases.clone();
-    assert_eq!(phases(plan(&r)), [Phase::Export]);
-    r.bf16 = true;
-    check(&plan(&r), &[("rollout_model", 12_288 * 2 + 3 * 4096 * 4)]);
-    assert!(phases(plan(&r)).contains(&Phase::Generate));
+    let phases = |p: &Plan| p.component("rollout_model").unwrap().phases.clone();
+    assert_eq!(phases(&plan(&grpo(lora_qv(false), false))), [Phase::Export]);
+    let merged = plan(&bf16(grpo(lora_qv(false), false)));
+    check(&merged, &[("rollout_model", 12_288 * 2 + 3 * 4096 * 4)]);
+    assert!(phases(&merged).contains(&Phase::Generate));
 }
 
 #[test]
@@ -278,8 +272,8 @@ fn gguf_blocks_live_where_they_are_read() {
     let extra = |mut run: Run| -> Vec<(Phase, u64)> {
         let without = plan(&run);
         run.policy.decode_block_bytes = 50_000;
-        let with = plan(&run).phases.into_iter();
         let before = |ph| without.phase(ph).unwrap().live_bytes;
+        let with = plan(&run).phases.into_iter();
         with.map(|x| (x.phase, x.live_bytes - before(x.phase)))
             .collect()
     };
@@ -358,29 +352,20 @@ fn ppo_critic_by_hand() {
     // sequence-classification one has none. bf16 adds its master copy.
     let pu = P + 32_768;
     let causal = plan(&ppo(Tuning::Full, UNTIED, false));
+    let (weights, gradients) = ((pu + 64) * 4, (P + 64) * 4);
     check(
         &causal,
-        &[
-            ("critic_weights", (pu + 64) * 4),
-            ("critic_gradients", (P + 64) * 4),
-        ],
+        &[("critic_weights", weights), ("critic_gradients", gradients)],
     );
-    check(
-        &plan(&ppo(Tuning::Full, UNTIED, true)),
-        &[("critic_weights", (P + 64) * 4)],
-    );
-    let mut b = ppo(Tuning::Full, UNTIED, true);
-    b.bf16 = true;
-    check(&plan(&b), &[("critic_master", (P + 64) * 4)]);
+    let headless = ppo(Tuning::Full, UNTIED, true);
+    check(&plan(&headless), &[("critic_weights", (P + 64) * 4)]);
+    check(&plan(&bf16(headless)), &[("critic_master", (P + 64) * 4)]);
     // Checkpointing covers the policy only; a smaller critic is planned with its own shape.
     let mut ck = ppo(Tuning::Full, UNTIED, false);
     ck.gradient_checkpointing = true;
-    check(
-        &plan(&ck),
-        &[("critic_activations", causal.bytes("critic_activations"))],
-    );
-    let one_layer = ModelDims { layers: 1, ..TINY };
-    let small = plan(&ppo(lora_qv(false), one_layer, false));
+    let unchanged = causal.bytes("critic_activations");
+    check(&plan(&ck), &[("critic_activations", unchanged)]);
+    let small = plan(&ppo(lora_qv(false), ModelDims { layers: 1, ..TINY }, false));
     assert_eq!(
         small.critic_activations.unwrap().layers.bytes,
         28 * FUSED_QV
@@ -394,10 +379,8 @@ fn score_models_and_reward_models() {
     rm.policy = model(UNTIED, true, true);
     rm.update.head_rows = 4;
     let p = plan(&rm);
-    assert_eq!(
-        (p.parameters as u64, p.trainable_parameters as u64),
-        (P + 64, T + 64)
-    );
+    let counts = (p.parameters as u64, p.trainable_parameters as u64);
+    assert_eq!(counts, (P + 64, T + 64));
     assert_eq!(p.activations.head, HeadKernel::Score);
     assert!(p
         .activations
@@ -406,21 +389,16 @@ fn score_models_and_reward_models() {
         .all(|x| !x.name.contains("LM head")));
     // A reward as a reward: its weights in every phase, a scoring pass of 8 x 15 tokens.
     let mut run = grpo(Tuning::Full, true);
-    let (name, model) = ("rm".to_string(), model(TINY, true, true));
-    let scorer = RewardScorer {
+    let (name, model, rows, tokens) = ("rm".to_string(), model(TINY, true, true), 8, 15);
+    run.reward_models = vec![RewardScorer {
         name,
         model,
-        rows: 8,
-        tokens: 15,
-    };
-    run.reward_models = vec![scorer];
+        rows,
+        tokens,
+    }];
     let (p, q) = (plan(&run), plan(&grpo(Tuning::Full, true)));
-    for x in &q.phases {
-        assert_eq!(
-            p.phase(x.phase).unwrap().live_bytes - x.live_bytes,
-            (P + 64) * 4
-        );
-    }
+    let added = |x: &PhaseTotal| p.phase(x.phase).unwrap().live_bytes - x.live_bytes;
+    assert!(q.phases.iter().all(|x| added(x) == (P + 64) * 4));
     check(
         &p,
         &[("reward_model_pass", 120 * NO_GRAD * 4 + 8 * 8 + 8 * 64 * 4)],

@@ -21,7 +21,6 @@ use crate::algo::dpo_loss::{dpo_loss, sequence_logps, DpoLogps, DpoLossConfig, D
 use crate::config::online::{BatchPlan, OnlineConfig};
 use crate::config::online_dpo::OnlineDpoConfig;
 use crate::data::prompts::PromptItem;
-use crate::data::DataCursor;
 use crate::error::{Result, TrainerError};
 use crate::online::advantages::shaped_rewards;
 use crate::online::setup::rollout_settings;
@@ -34,8 +33,8 @@ use crate::rollout::{
 };
 use crate::run::optim::mix;
 use crate::run::{
-    Algorithm, Console, Metrics, Policy, Position, RunOptions, RunSummary, Shown, StepOutcome,
-    StepStats, GRAD_NORM, LOSS,
+    Algorithm, Console, Metrics, MicroContext, Policy, Position, RunOptions, RunSummary, Shown,
+    StepOutcome, UnitContext, GRAD_NORM, LOSS,
 };
 
 /// A rollout of pairs: samples `2k` and `2k + 1` are prompt `k`'s two completions.
@@ -131,15 +130,9 @@ impl Algorithm for OnlineDpo<'_> {
         self.logs.open(out_dir, resumed_at)
     }
 
-    fn next_unit(
-        &mut self,
-        policy: &Policy,
-        data: &mut DataCursor,
-        at: Position,
-        times: &mut Metrics,
-    ) -> Result<PairRollout> {
-        let o = &self.online;
-        let prompts = data.take(self.plan.rollout_prompts);
+    fn next_unit(&mut self, cx: UnitContext<'_>) -> Result<PairRollout> {
+        let (o, policy, at, times) = (&self.online, cx.policy, cx.at, cx.times);
+        let prompts = cx.data.take(self.plan.rollout_prompts);
         let settings = rollout_settings(o, policy, mix(o.args.seed, at.global_step));
         self.rewards.set_trainer_state(at.into());
         let (samples, scores) = generate_and_score(
@@ -194,14 +187,8 @@ impl Algorithm for OnlineDpo<'_> {
         vec![idx.chunks(micro).map(<[usize]>::to_vec).collect()]
     }
 
-    fn micro_loss(
-        &self,
-        policy: &Policy,
-        r: &PairRollout,
-        _step: &[Vec<usize>],
-        mb: &[usize],
-        stats: &mut StepStats,
-    ) -> Result<Option<Tensor>> {
+    fn micro_loss(&self, cx: MicroContext<'_, PairRollout>) -> Result<Option<Tensor>> {
+        let (policy, r, mb, stats) = (cx.policy, cx.unit, cx.micro, cx.stats);
         if !mb.len().is_multiple_of(2)
             || mb
                 .chunks_exact(2)

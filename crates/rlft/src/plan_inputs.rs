@@ -40,6 +40,35 @@ pub enum PlanInputError {
     Invalid(String),
 }
 
+impl PlanInputError {
+    /// A dataset-contents error from any error's message.
+    fn data(e: impl std::fmt::Display) -> Self {
+        PlanInputError::Data(e.to_string())
+    }
+
+    /// `a`'s dataset left nothing to plan from: no `what`.
+    fn nothing_left(a: &TrainingArgs, what: &str) -> Self {
+        PlanInputError::Data(format!("{} has no {what}", a.dataset.display()))
+    }
+}
+
+/// `max_length` as the worst case of a run without a dataset read; 0 (no limit) gives none.
+fn worst_case(max_length: usize) -> Result<usize, PlanInputError> {
+    if max_length == 0 {
+        return Err(PlanInputError::Invalid(
+            "max_length = 0 (no limit) gives no worst case; plan from the dataset (drop \
+             --worst-case) or set max_length"
+                .into(),
+        ));
+    }
+    Ok(max_length)
+}
+
+/// Whether a config has eval data: `eval_dataset`, `eval_split`, or an `eval_size` split.
+fn has_eval(a: &TrainingArgs, eval_size: f64) -> bool {
+    a.eval_dataset.is_some() || a.eval_split.is_some() || eval_size > 0.0
+}
+
 /// The dimensions of `c` that memory depends on.
 pub fn model_dims(c: &ModelConfig) -> ModelDims {
     ModelDims {
@@ -133,8 +162,7 @@ fn longest_prompt(
     split: Option<&str>,
 ) -> Result<(usize, usize), PlanInputError> {
     let ds = load_dataset(path, split)?;
-    let (items, _) = crate::online::setup::prompts(cfg, &ds, text)
-        .map_err(|e| PlanInputError::Data(e.to_string()))?;
+    let (items, _) = crate::online::setup::prompts(cfg, &ds, text).map_err(PlanInputError::data)?;
     let longest = items.iter().map(|i| i.ids.len()).max().unwrap_or(0);
     Ok((items.len(), longest))
 }
@@ -203,7 +231,7 @@ pub fn sft_lengths(
     read_data: bool,
 ) -> Result<SftLengths, PlanInputError> {
     let a = &cfg.args;
-    let eval = a.eval_dataset.is_some() || a.eval_split.is_some() || cfg.eval_size > 0.0;
+    let eval = has_eval(a, cfg.eval_size);
     if !read_data {
         return Ok(SftLengths {
             example_tokens: cfg.max_length,
@@ -221,8 +249,7 @@ pub fn sft_lengths(
     let template = text.compile_chat_template().ok();
     for (path, split) in sources {
         let ds = load_dataset(&path, split.as_deref())?;
-        let format =
-            SftFormat::detect(&ds.columns).map_err(|e| PlanInputError::Data(e.to_string()))?;
+        let format = SftFormat::detect(&ds.columns).map_err(PlanInputError::data)?;
         let mut report = LengthReport::default();
         for (i, row) in ds.iter().enumerate() {
             let ex = build_example(
@@ -233,18 +260,18 @@ pub fn sft_lengths(
                 i,
                 a.system_prompt.as_deref(),
             )
-            .map_err(|e| PlanInputError::Data(e.to_string()))?;
+            .map_err(PlanInputError::data)?;
             if let Some(ex) = fit_length(ex, cfg.max_length, cfg.truncation, &mut report) {
                 longest = longest.max(ex.input_ids.len());
             }
         }
     }
     if longest < 2 {
-        return Err(PlanInputError::Data(format!(
-            "{} has no usable example (all dropped for max_length {}?)",
-            a.dataset.display(),
+        let what = format!(
+            "usable example (all dropped for max_length {}?)",
             cfg.max_length
-        )));
+        );
+        return Err(PlanInputError::nothing_left(a, &what));
     }
     Ok(SftLengths {
         example_tokens: longest,
@@ -268,11 +295,6 @@ pub struct DpoLengths {
     pub source: LengthSource,
 }
 
-/// Whether a config has eval data: `eval_dataset`, `eval_split`, or an `eval_size` split.
-fn has_eval(a: &TrainingArgs, eval_size: f64) -> bool {
-    a.eval_dataset.is_some() || a.eval_split.is_some() || eval_size > 0.0
-}
-
 /// The pair lengths of a DPO config: with `read_data`, the longest prompt and the longest
 /// completion over its train and eval pairs after the length limits (the trainer's own
 /// `data::dpo::dpo_pairs`); else the longest the limits allow: a prompt of `max_prompt_length`
@@ -286,14 +308,7 @@ pub fn dpo_lengths(
     let a = &cfg.args;
     let eval = has_eval(a, cfg.eval_size);
     if !read_data {
-        if cfg.max_length == 0 {
-            return Err(PlanInputError::Invalid(
-                "max_length = 0 (no limit) gives no worst case; plan from the dataset (drop \
-                 --worst-case) or set max_length"
-                    .into(),
-            ));
-        }
-        let limit = cfg.max_length - 1;
+        let limit = worst_case(cfg.max_length)? - 1;
         let prompt = if cfg.max_prompt_length > 0 {
             cfg.max_prompt_length.min(limit)
         } else {
@@ -310,8 +325,8 @@ pub fn dpo_lengths(
             source: LengthSource::Config,
         });
     }
-    let (train, eval_ds) = crate::data::train_eval_datasets(a, cfg.eval_size)
-        .map_err(|e| PlanInputError::Data(e.to_string()))?;
+    let (train, eval_ds) =
+        crate::data::train_eval_datasets(a, cfg.eval_size).map_err(PlanInputError::data)?;
     let lim = crate::data::dpo::DpoLimits {
         max_length: cfg.max_length,
         max_prompt_length: cfg.max_prompt_length,
@@ -326,7 +341,7 @@ pub fn dpo_lengths(
     };
     for ds in std::iter::once(&train).chain(eval_ds.as_ref()) {
         let (pairs, _) = crate::data::dpo::dpo_pairs(ds, text, a.system_prompt.as_deref(), &lim)
-            .map_err(|e| PlanInputError::Data(e.to_string()))?;
+            .map_err(PlanInputError::data)?;
         for p in &pairs {
             l.prompt_tokens = l.prompt_tokens.max(p.prompt_ids.len());
             l.prompt_tokens = l.prompt_tokens.max(p.rejected_prompt().len());
@@ -340,10 +355,7 @@ pub fn dpo_lengths(
         }
     }
     if l.completion_tokens == 0 {
-        return Err(PlanInputError::Data(format!(
-            "{} has no preference pair",
-            a.dataset.display()
-        )));
+        return Err(PlanInputError::nothing_left(a, "preference pair"));
     }
     Ok(l)
 }
@@ -369,37 +381,27 @@ pub fn reward_model_lengths(
 ) -> Result<RewardModelLengths, PlanInputError> {
     let a = &cfg.args;
     if !read_data {
-        if cfg.max_length == 0 {
-            return Err(PlanInputError::Invalid(
-                "max_length = 0 (no limit) gives no worst case; plan from the dataset (drop \
-                 --worst-case) or set max_length"
-                    .into(),
-            ));
-        }
         return Ok(RewardModelLengths {
-            sequence_tokens: cfg.max_length,
+            sequence_tokens: worst_case(cfg.max_length)?,
             eval: has_eval(a, cfg.eval_size),
             source: LengthSource::Config,
         });
     }
-    let (train, eval_ds) = crate::data::train_eval_datasets(a, cfg.eval_size)
-        .map_err(|e| PlanInputError::Data(e.to_string()))?;
+    let (train, eval_ds) =
+        crate::data::train_eval_datasets(a, cfg.eval_size).map_err(PlanInputError::data)?;
     let mut longest = 0;
     for ds in std::iter::once(&train).chain(eval_ds.as_ref()) {
         let system = a.system_prompt.as_deref();
         let (pairs, _, _) =
             crate::data::preferences::reward_pairs(ds, text, system, cfg.length_limit())
-                .map_err(|e| PlanInputError::Data(e.to_string()))?;
+                .map_err(PlanInputError::data)?;
         for p in &pairs {
             longest = longest.max(p.chosen_ids.len()).max(p.rejected_ids.len());
         }
     }
     if longest == 0 {
-        return Err(PlanInputError::Data(format!(
-            "{} has no preference pair within max_length {}",
-            a.dataset.display(),
-            cfg.max_length
-        )));
+        let what = format!("preference pair within max_length {}", cfg.max_length);
+        return Err(PlanInputError::nothing_left(a, &what));
     }
     Ok(RewardModelLengths {
         sequence_tokens: longest,

@@ -11,7 +11,7 @@ use std::path::Path;
 use candle_core::Device;
 use common::assert_same_weights;
 use common::train::{
-    assert_resumes_exactly, batch_and_split, offline_config, run, timeless, use_lora_r4,
+    assert_resumes_exactly, batch_and_split, preference_config, run, timeless, use_lora_r4,
 };
 use rlft::config::dpo::{DpoConfig, TruncationMode};
 use rlft::dpo::{pair_logps, prepare, train};
@@ -20,13 +20,7 @@ use rlft::run::RunOptions;
 
 /// 48 sum preferences on the tiny model: 12 steps of batch 4 at 1e-3, 16 pairs held out.
 fn setup(dir: &Path) -> DpoConfig {
-    let data = dir.join("prefs.jsonl");
-    common::write_sum_preferences(&data, 48, false);
-    offline_config(
-        dir,
-        &data,
-        "learning_rate = 1e-3\neval_size = 16.0\nmax_length = 64",
-    )
+    preference_config(dir, "1e-3")
 }
 
 #[test]

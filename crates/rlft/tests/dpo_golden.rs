@@ -49,14 +49,7 @@ fn run(g: &Value, cfg: &DpoLossConfig, dtype: DType) -> Got {
     };
     let (rc, rr) = (t("ref_chosen"), t("ref_rejected"));
     let (nc, nr) = (mc.sum(1).unwrap(), mr.sum(1).unwrap());
-    let x = DpoLogps {
-        policy_chosen: &lc,
-        policy_rejected: &lr,
-        ref_chosen: &rc,
-        ref_rejected: &rr,
-        chosen_lens: Some(&nc),
-        rejected_lens: Some(&nr),
-    };
+    let x = DpoLogps::sums((&lc, &lr), (&rc, &rr)).with_lens(&nc, &nr);
     let out = dpo_loss(&x, cfg).unwrap();
     let loss = out.losses.mean_all().unwrap();
     let grads = loss.backward().unwrap();
@@ -163,14 +156,7 @@ fn split_pairs_sum_to_the_whole() {
             t("ref_rejected"),
         );
         let ones = Tensor::ones(hi - lo, DType::F64, &d).unwrap();
-        let x = DpoLogps {
-            policy_chosen: &pc,
-            policy_rejected: &pr,
-            ref_chosen: &rc,
-            ref_rejected: &rr,
-            chosen_lens: Some(&ones),
-            rejected_lens: Some(&ones),
-        };
+        let x = DpoLogps::sums((&pc, &pr), (&rc, &rr)).with_lens(&ones, &ones);
         f64s(&dpo_loss(&x, &cfg).unwrap().losses)
     };
     let all = whole(0, 6);

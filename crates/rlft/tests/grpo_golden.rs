@@ -46,9 +46,8 @@ struct MultiRewardCase {
     weights: Vec<f64>,
     group_size: usize,
     aggregation: MultiObjectiveAggregation,
-    scale: ScaleRewards,
-    epsilon: f64,
-    clamp: Option<f64>,
+    #[serde(flatten)]
+    cfg: AdvantageConfig,
     advantages: Vec<f64>,
     group_mean: Vec<Option<f64>>,
     group_std: Vec<Option<f64>>,
@@ -67,9 +66,8 @@ struct AdvCase {
     name: String,
     rewards: Vec<f64>,
     group_size: usize,
-    scale: ScaleRewards,
-    epsilon: f64,
-    clamp: Option<f64>,
+    #[serde(flatten)]
+    cfg: AdvantageConfig,
     advantages: Vec<f64>,
     group_mean: Vec<f64>,
     group_std: Vec<f64>,
@@ -139,12 +137,8 @@ fn golden_advantages_match_trl() {
     let g = golden();
     let (mut vec_diff, mut loop_diff) = (MaxDiff::default(), MaxDiff::default());
     for c in &g.advantage_cases {
-        let cfg = AdvantageConfig {
-            scale: c.scale,
-            epsilon: c.epsilon,
-            clamp: c.clamp,
-        };
-        let what = format!("{} scale={}", c.name, c.scale);
+        let cfg = c.cfg;
+        let what = format!("{} scale={}", c.name, cfg.scale);
         for (got, diff) in [
             (
                 compute_advantages(&c.rewards, c.group_size, &cfg),
@@ -166,7 +160,7 @@ fn golden_advantages_match_trl() {
                 }
             }
             assert_eq!(got.frac_zero_std, c.frac_zero_std, "{what}");
-            if c.scale != ScaleRewards::Batch {
+            if cfg.scale != ScaleRewards::Batch {
                 assert_eq!(got.frac_zero_std, c.trl_frac_reward_zero_std, "{what}");
             }
         }
@@ -357,15 +351,11 @@ fn golden_multi_reward_advantages_match_trl() {
     assert_eq!(g.multi_reward_cases.len(), 32);
     let (mut vec_diff, mut loop_diff) = (MaxDiff::default(), MaxDiff::default());
     for c in &g.multi_reward_cases {
-        let cfg = AdvantageConfig {
-            scale: c.scale,
-            epsilon: c.epsilon,
-            clamp: c.clamp,
-        };
+        let cfg = c.cfg;
         let fs: Vec<&[Option<f64>]> = c.rewards_per_func.iter().map(|f| &f[..]).collect();
         let what = format!(
             "{} {} scale={} clamp={:?}",
-            c.name, c.aggregation, c.scale, c.clamp
+            c.name, c.aggregation, cfg.scale, cfg.clamp
         );
         for (got, diff) in [
             (
@@ -404,11 +394,7 @@ fn golden_multi_reward_advantages_match_trl() {
     }
     // With every reward scored and one function, the multi-reward path is compute_advantages.
     let c = &g.advantage_cases[0];
-    let cfg = AdvantageConfig {
-        scale: c.scale,
-        epsilon: c.epsilon,
-        clamp: c.clamp,
-    };
+    let cfg = c.cfg;
     let opt: Vec<Option<f64>> = c.rewards.iter().copied().map(Some).collect();
     assert_eq!(
         multi_reward_advantages(

@@ -9,7 +9,7 @@ use std::path::Path;
 use candle_core::Device;
 use common::assert_same_weights;
 use common::train::{
-    assert_resumes_exactly, batch_and_split, offline_config, run, timeless, use_lora_r4,
+    assert_resumes_exactly, batch_and_split, preference_config, run, timeless, use_lora_r4,
 };
 use rlft::config::reward::RewardConfig;
 use rlft::reward_model::{prepare, train};
@@ -19,13 +19,7 @@ use rlft_model::score::{load_score_model, sequence_scores, ScoreBatch};
 
 /// 48 sum preferences on the tiny model: 12 steps of batch 4 at 3e-3, 16 pairs held out.
 fn setup(dir: &Path) -> RewardConfig {
-    let data = dir.join("prefs.jsonl");
-    common::write_sum_preferences(&data, 48, false);
-    offline_config(
-        dir,
-        &data,
-        "learning_rate = 3e-3\neval_size = 16.0\nmax_length = 64",
-    )
+    preference_config(dir, "3e-3")
 }
 
 /// Scores of the eval pairs' chosen rows by the exported model and by the trained policy.

@@ -160,6 +160,16 @@ impl<'a> DpoLogps<'a> {
             rejected_lens: None,
         }
     }
+
+    /// These sums with the pairs' token counts (TRL's `DPOTrainer`).
+    pub fn with_lens(self, chosen: &'a Tensor, rejected: &'a Tensor) -> Self {
+        let (chosen_lens, rejected_lens) = (Some(chosen), Some(rejected));
+        DpoLogps {
+            chosen_lens,
+            rejected_lens,
+            ..self
+        }
+    }
 }
 
 /// What [`dpo_loss`] returns.

@@ -454,6 +454,25 @@ mod tests {
         Tensor::from_slice(v, (n, t), &Device::Cpu).unwrap()
     }
 
+    /// On-policy inputs (`old = None`) without reference, entropies or IS weights.
+    fn on_policy<'a>(
+        logp: &'a Tensor,
+        advantages: &'a Tensor,
+        mask: &'a Tensor,
+        normalizer: LossNormalizer,
+    ) -> LossInputs<'a> {
+        LossInputs {
+            logp,
+            old_logp: None,
+            ref_logp: None,
+            advantages,
+            mask,
+            entropies: None,
+            is_weight: None,
+            normalizer,
+        }
+    }
+
     /// Advantages given per token (`[N, T]`) equal to the per-sequence ones broadcast give the
     /// same loss and gradient; a token whose advantage is 0 gets no policy gradient.
     #[test]
@@ -500,16 +519,7 @@ mod tests {
         assert_eq!(g[0], 0.0);
         assert_ne!(g[1], 0.0);
         let bad = t2(&[0.5; 4], 2, 2);
-        let inp = LossInputs {
-            logp: logp.as_tensor(),
-            old_logp: None,
-            ref_logp: None,
-            advantages: &bad,
-            mask: &mask,
-            entropies: None,
-            is_weight: None,
-            normalizer: LossNormalizer::single(5.0),
-        };
+        let inp = on_policy(logp.as_tensor(), &bad, &mask, LossNormalizer::single(5.0));
         let e = grpo_loss(&inp, &cfg).unwrap_err().to_string();
         assert!(e.contains("one per token"), "{e}");
     }
@@ -521,21 +531,13 @@ mod tests {
         let logp = Var::from_tensor(&t2(&[-1.0, -2.0, -0.5, -0.3, -0.7, -9.0], 2, 3)).unwrap();
         let mask = t2(&[1.0, 1.0, 1.0, 1.0, 0.0, 0.0], 2, 3);
         let adv = Tensor::new(&[0.5f32, -2.0], &Device::Cpu).unwrap();
+        let normalizer = LossNormalizer {
+            accumulation_steps: 2,
+            num_items_in_batch: 4.0,
+            micro_batch: None,
+        };
         let out = grpo_loss(
-            &LossInputs {
-                logp: logp.as_tensor(),
-                old_logp: None,
-                ref_logp: None,
-                advantages: &adv,
-                mask: &mask,
-                entropies: None,
-                is_weight: None,
-                normalizer: LossNormalizer {
-                    accumulation_steps: 2,
-                    num_items_in_batch: 4.0,
-                    micro_batch: None,
-                },
-            },
+            &on_policy(logp.as_tensor(), &adv, &mask, normalizer),
             &LossConfig {
                 loss_type: LossType::Grpo,
                 ..Default::default()
@@ -637,16 +639,7 @@ mod tests {
         let logp = t2(&[-1.0; 6], 2, 3);
         let mask = t2(&[1.0; 6], 2, 3);
         let adv = Tensor::new(&[1.0f32, -1.0], &Device::Cpu).unwrap();
-        let inp = LossInputs {
-            logp: &logp,
-            old_logp: None,
-            ref_logp: None,
-            advantages: &adv,
-            mask: &mask,
-            entropies: None,
-            is_weight: None,
-            normalizer: LossNormalizer::single(6.0),
-        };
+        let inp = on_policy(&logp, &adv, &mask, LossNormalizer::single(6.0));
         let kl_cfg = LossConfig {
             beta: 0.04,
             ..Default::default()

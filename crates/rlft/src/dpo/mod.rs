@@ -39,8 +39,8 @@ use crate::error::{Result, TrainerError};
 use crate::rollout::{score_batch, timed, Sample, ScoreOptions};
 use crate::run::offline::{self, OfflineAlgorithm, OfflineStep};
 use crate::run::{
-    Console, Metrics, Policy, RunOptions, RunSummary, Shown, StepStats, GRAD_NORM, LEARNING_RATE,
-    LOSS,
+    Console, Metrics, MicroContext, Policy, RunOptions, RunSummary, Shown, StepStats, GRAD_NORM,
+    LEARNING_RATE, LOSS,
 };
 pub use setup::{prepare, Prepared};
 
@@ -174,14 +174,8 @@ fn losses(cfg: &DpoLossConfig, s: &PairLogps, refs: &[(f64, f64)]) -> Result<Dpo
         Ok(Tensor::new(v, dev)?)
     };
     let (rc, rr) = (t(|r| r.0)?, t(|r| r.1)?);
-    let x = DpoLogps {
-        policy_chosen: &s.chosen,
-        policy_rejected: &s.rejected,
-        ref_chosen: &rc,
-        ref_rejected: &rr,
-        chosen_lens: Some(&s.chosen_lens),
-        rejected_lens: Some(&s.rejected_lens),
-    };
+    let x = DpoLogps::sums((&s.chosen, &s.rejected), (&rc, &rr));
+    let x = x.with_lens(&s.chosen_lens, &s.rejected_lens);
     Ok(dpo_loss(&x, cfg)?)
 }
 
@@ -275,13 +269,8 @@ impl OfflineAlgorithm for Dpo<'_> {
         Ok(idx.into_iter().zip(refs).collect())
     }
 
-    fn micro_loss(
-        &self,
-        policy: &Policy,
-        step: &OfflineStep<Self::Extra>,
-        micro: &[usize],
-        stats: &mut StepStats,
-    ) -> Result<Tensor> {
+    fn micro_loss(&self, cx: MicroContext<'_, OfflineStep<Self::Extra>>) -> Result<Tensor> {
+        let (policy, step, micro, stats) = (cx.policy, cx.unit, cx.micro, cx.stats);
         let pairs: Vec<&DpoPair> = micro.iter().map(|&i| &self.train[i]).collect();
         let s = pair_logps(&policy.model, &pairs, policy.pad_id, true)?;
         let refs: Vec<(f64, f64)> = micro.iter().map(|i| step.extra[i]).collect();

@@ -32,8 +32,8 @@ use crate::rollout::{
 };
 use crate::run::optim::mix;
 use crate::run::{
-    Algorithm, Console, Metrics, Policy, Position, RunOptions, RunSummary, Shown, StepOutcome,
-    StepStats, GRAD_NORM, LOSS,
+    Algorithm, Console, Metrics, MicroContext, Policy, Position, RunOptions, RunSummary, Shown,
+    StepOutcome, UnitContext, GRAD_NORM, LOSS,
 };
 
 mod loss;
@@ -177,15 +177,9 @@ impl Algorithm for Online<'_> {
         self.logs.open(out_dir, resumed_at)
     }
 
-    fn next_unit(
-        &mut self,
-        policy: &Policy,
-        data: &mut DataCursor,
-        at: Position,
-        times: &mut Metrics,
-    ) -> Result<Rollout> {
-        let cfg = self.cfg;
-        let (samples, scores, sampling_metrics) = self.sample(policy, data, at, times)?;
+    fn next_unit(&mut self, cx: UnitContext<'_>) -> Result<Rollout> {
+        let (cfg, policy, times) = (self.cfg, cx.policy, cx.times);
+        let (samples, scores, sampling_metrics) = self.sample(policy, cx.data, cx.at, times)?;
         let rewards = shaped_rewards(cfg, &samples, &scores.total);
         let weights = self.rewards.weights().to_vec();
         let needs = super::setup::passes(cfg, &self.plan);
@@ -269,15 +263,9 @@ impl Algorithm for Online<'_> {
             .collect()
     }
 
-    fn micro_loss(
-        &self,
-        policy: &Policy,
-        r: &Rollout,
-        step: &[Vec<usize>],
-        mb: &[usize],
-        stats: &mut StepStats,
-    ) -> Result<Option<Tensor>> {
-        let cfg = self.cfg;
+    fn micro_loss(&self, cx: MicroContext<'_, Rollout>) -> Result<Option<Tensor>> {
+        let (cfg, policy, r, mb) = (self.cfg, cx.policy, cx.unit, cx.micro);
+        let (step, stats) = (cx.step, cx.stats);
         let keep = |i: usize| !(cfg.mask_truncated_completions && r.samples[i].truncated);
         let tokens = |i: usize| usize::from(keep(i)) * r.samples[i].sampled_tokens();
         let num_items: usize = step.iter().flatten().map(|&i| tokens(i)).sum();

@@ -40,8 +40,8 @@ use crate::data::preferences::RewardPair;
 use crate::error::Result;
 use crate::run::offline::{self, OfflineAlgorithm, OfflineStep};
 use crate::run::{
-    Console, Metrics, Policy, RunOptions, RunSummary, Shown, StepStats, GRAD_NORM, LEARNING_RATE,
-    LOSS,
+    Console, Metrics, MicroContext, Policy, RunOptions, RunSummary, Shown, StepStats, GRAD_NORM,
+    LEARNING_RATE, LOSS,
 };
 pub use setup::{prepare, Prepared};
 
@@ -127,13 +127,8 @@ impl OfflineAlgorithm for RewardModel<'_> {
         ],
     };
 
-    fn micro_loss(
-        &self,
-        policy: &Policy,
-        step: &OfflineStep<()>,
-        micro: &[usize],
-        stats: &mut StepStats,
-    ) -> Result<Tensor> {
+    fn micro_loss(&self, cx: MicroContext<'_, OfflineStep<()>>) -> Result<Tensor> {
+        let (policy, step, micro, stats) = (cx.policy, cx.unit, cx.micro, cx.stats);
         let step_pairs = step.rows();
         let pairs: Vec<&RewardPair> = micro.iter().map(|&i| &self.train[i]).collect();
         let s = score_pairs(&policy.model, self.head, &pairs, policy.pad_id, true)?;

@@ -104,6 +104,32 @@ impl From<Position> for rlft_rewards::TrainerState {
     }
 }
 
+/// What [`Algorithm::next_unit`] works with.
+pub struct UnitContext<'a> {
+    /// The policy being trained.
+    pub policy: &'a Policy,
+    /// The training rows; a unit takes the next ones.
+    pub data: &'a mut DataCursor,
+    /// Where the run is.
+    pub at: Position,
+    /// The unit's timed phases.
+    pub times: &'a mut Metrics,
+}
+
+/// What a micro-batch's loss works with ([`Algorithm::micro_loss`]).
+pub struct MicroContext<'a, U> {
+    /// The policy being trained.
+    pub policy: &'a Policy,
+    /// The unit the optimiser step belongs to (a rollout, an offline step).
+    pub unit: &'a U,
+    /// Every micro-batch of the optimiser step, for normalisers over the whole step.
+    pub step: &'a [Vec<usize>],
+    /// The micro-batch's row indices.
+    pub micro: &'a [usize],
+    /// Where diagnostics go.
+    pub stats: &'a mut StepStats,
+}
+
 /// An algorithm plugged into the run core: what is its own, nothing else.
 pub trait Algorithm: Send {
     /// One unit of work between checkpoint boundaries: a rollout (online algorithms) or one
@@ -124,33 +150,19 @@ pub trait Algorithm: Send {
         Ok(())
     }
 
-    /// Makes the next unit from the next rows of `data`; timed phases go to `times`.
-    fn next_unit(
-        &mut self,
-        policy: &Policy,
-        data: &mut DataCursor,
-        at: Position,
-        times: &mut Metrics,
-    ) -> Result<Self::Unit>;
+    /// Makes the next unit from the next rows of `cx.data`; timed phases go to `cx.times`.
+    fn next_unit(&mut self, cx: UnitContext<'_>) -> Result<Self::Unit>;
 
     /// The optimiser steps of `unit`, each as its micro-batches of row indices.
     fn steps(&self, unit: &Self::Unit) -> Vec<Vec<Vec<usize>>>;
 
-    /// The differentiable loss of micro-batch `micro` of optimiser step `step` (all its
-    /// micro-batches, for normalisers over the whole step); diagnostics go to `stats`.
+    /// The differentiable loss of micro-batch `cx.micro` of optimiser step `cx.step`.
     ///
     /// `None` says that the micro-batch's loss and its gradient with respect to every var are
     /// exactly 0, so nothing was computed (GRPO's zero-advantage rows). A step whose
     /// micro-batches are all `None` gets a zero gradient for every var, as a computed pass
     /// would give it (every var the pass reaches: all of them for the trainers here).
-    fn micro_loss(
-        &self,
-        policy: &Policy,
-        unit: &Self::Unit,
-        step: &[Vec<usize>],
-        micro: &[usize],
-        stats: &mut StepStats,
-    ) -> Result<Option<Tensor>>;
+    fn micro_loss(&self, cx: MicroContext<'_, Self::Unit>) -> Result<Option<Tensor>>;
 
     /// The metrics of a finished optimiser step, in logging order (the core appends
     /// `skipped_steps`). `unit_times` holds the unit's phase times on its first step only.
@@ -421,7 +433,14 @@ fn train_loop<C: TrainerConfig, A: Algorithm>(
         }
         let mut unit_times = Metrics::new();
         let at = run.at();
-        let unit = algo.next_unit(policy, &mut run.data, at, &mut unit_times)?;
+        let data = &mut run.data;
+        let times = &mut unit_times;
+        let unit = algo.next_unit(UnitContext {
+            policy,
+            data,
+            at,
+            times,
+        })?;
         for (i, step) in algo.steps(&unit).iter().enumerate() {
             if run.state.global_step >= total {
                 break;

@@ -11,7 +11,8 @@ use candle_core::Tensor;
 use serde_json::{json, Value};
 
 use super::{
-    Algorithm, Console, Metrics, Policy, Position, RunOptions, RunSummary, StepOutcome, StepStats,
+    Algorithm, Console, Metrics, MicroContext, Policy, Position, RunOptions, RunSummary,
+    StepOutcome, StepStats, UnitContext,
 };
 use crate::config::{TrainerConfig, TrainingArgs};
 use crate::data::DataCursor;
@@ -84,14 +85,8 @@ pub trait OfflineAlgorithm: Send {
         Ok(Self::Extra::default())
     }
 
-    /// The differentiable loss of micro-batch `micro` of `step`; diagnostics go to `stats`.
-    fn micro_loss(
-        &self,
-        policy: &Policy,
-        step: &OfflineStep<Self::Extra>,
-        micro: &[usize],
-        stats: &mut StepStats,
-    ) -> Result<Tensor>;
+    /// The differentiable loss of micro-batch `cx.micro` of step `cx.unit`.
+    fn micro_loss(&self, cx: MicroContext<'_, OfflineStep<Self::Extra>>) -> Result<Tensor>;
 
     /// The step's own metrics, logged after its loss, learning rate and gradient norm: the
     /// means of `stats` unless said otherwise.
@@ -151,15 +146,9 @@ impl<A: OfflineAlgorithm> Algorithm for Offline<'_, A> {
         self.total_steps
     }
 
-    fn next_unit(
-        &mut self,
-        policy: &Policy,
-        data: &mut DataCursor,
-        _at: Position,
-        times: &mut Metrics,
-    ) -> Result<Self::Unit> {
-        let micro = next_step_rows(self.args, data);
-        let extra = self.algo.prepare(policy, &micro, times)?;
+    fn next_unit(&mut self, cx: UnitContext<'_>) -> Result<Self::Unit> {
+        let micro = next_step_rows(self.args, cx.data);
+        let extra = self.algo.prepare(cx.policy, &micro, cx.times)?;
         Ok(OfflineStep { micro, extra })
     }
 
@@ -167,15 +156,8 @@ impl<A: OfflineAlgorithm> Algorithm for Offline<'_, A> {
         vec![unit.micro.clone()]
     }
 
-    fn micro_loss(
-        &self,
-        policy: &Policy,
-        unit: &Self::Unit,
-        _step: &[Vec<usize>],
-        micro: &[usize],
-        stats: &mut StepStats,
-    ) -> Result<Option<Tensor>> {
-        Ok(Some(self.algo.micro_loss(policy, unit, micro, stats)?))
+    fn micro_loss(&self, cx: MicroContext<'_, Self::Unit>) -> Result<Option<Tensor>> {
+        Ok(Some(self.algo.micro_loss(cx)?))
     }
 
     fn step_metrics(

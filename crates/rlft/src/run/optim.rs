@@ -14,7 +14,7 @@ use rlft_train::{
     TrainError, Warmup,
 };
 
-use super::{Algorithm, Policy};
+use super::{Algorithm, MicroContext, Policy};
 use crate::config::{LrSchedulerType, TrainingArgs};
 use crate::error::Result;
 
@@ -132,7 +132,15 @@ pub(super) fn step<A: Algorithm>(
             .then(|| Checkpointing::begin(&policy.model))
             .transpose()?;
         // `None`: the micro-batch's loss and gradient are exactly 0 and were not computed.
-        let Some(loss) = algo.micro_loss(policy, unit, micro, mb, &mut stats)? else {
+        let (step, stats) = (micro, &mut stats);
+        let cx = MicroContext {
+            policy,
+            unit,
+            step,
+            micro: mb,
+            stats,
+        };
+        let Some(loss) = algo.micro_loss(cx)? else {
             continue;
         };
         loss_sum += loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;

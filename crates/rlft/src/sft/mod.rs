@@ -15,8 +15,8 @@ use crate::data::sft::SftExample;
 use crate::error::Result;
 use crate::run::offline::{self, OfflineAlgorithm, OfflineStep};
 use crate::run::{
-    Console, Metrics, Policy, RunOptions, RunSummary, Shown, StepStats, GRAD_NORM, LEARNING_RATE,
-    LOSS,
+    Console, Metrics, MicroContext, Policy, RunOptions, RunSummary, Shown, GRAD_NORM,
+    LEARNING_RATE, LOSS,
 };
 pub use setup::{prepare, Prepared};
 
@@ -54,13 +54,8 @@ impl OfflineAlgorithm for Sft<'_> {
         eval: &[Shown::new("eval_loss", "loss")],
     };
 
-    fn micro_loss(
-        &self,
-        policy: &Policy,
-        step: &OfflineStep<()>,
-        micro: &[usize],
-        stats: &mut StepStats,
-    ) -> Result<Tensor> {
+    fn micro_loss(&self, cx: MicroContext<'_, OfflineStep<()>>) -> Result<Tensor> {
+        let (policy, step, micro, stats) = (cx.policy, cx.unit, cx.micro, cx.stats);
         let total_targets: usize = step
             .micro
             .iter()

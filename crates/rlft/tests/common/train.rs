@@ -143,6 +143,15 @@ report_to = ["jsonl"]
     parse_with(&base, keys)
 }
 
+/// 48 sum preferences on the tiny model, 16 held out, `max_length` 64: a DPO or reward-model
+/// config of 12 steps of batch 4 at learning rate `lr`.
+pub fn preference_config<C: TrainerConfig>(dir: &Path, lr: &str) -> C {
+    let data = dir.join("prefs.jsonl");
+    super::write_sum_preferences(&data, 48, false);
+    let keys = format!("learning_rate = {lr}\neval_size = 16.0\nmax_length = 64");
+    offline_config(dir, &data, &keys)
+}
+
 /// Parses `base` (TOML) as a `C`, the keys of `extra` (TOML) overriding its own.
 pub fn parse_with<C: TrainerConfig>(base: &str, extra: &str) -> C {
     let mut table: toml::Table = base.parse().unwrap();
