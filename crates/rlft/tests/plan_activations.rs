@@ -137,10 +137,14 @@ fn measure(case: Case) -> (f64, f64) {
         kept(case, 1, t);
         kept(case, 3, t);
     }
+    // A pool worker that joins in for the first time allocates its own scratch buffers in
+    // the measured window (how many do depends on the load of the machine): the least of a few
+    // runs is the forward's own.
+    let least = |layers: usize, t: usize| (0..3).map(|_| kept(case, layers, t)).min().unwrap();
     // Per-layer bytes of the batch at each length: the difference of 3 and 1 layers, halved.
     let g: Vec<f64> = LENGTHS
         .iter()
-        .map(|&t| (kept(case, 3, t) - kept(case, 1, t)) as f64 / 2.0)
+        .map(|&t| (least(3, t) - least(1, t)) as f64 / 2.0)
         .collect();
     let (t, heads) = (
         LENGTHS.map(|x| x as f64),
