@@ -15,6 +15,8 @@
 //! - [`auth`]: the API key every endpoint but `/health` needs when one is set.
 //! - [`protocol`], [`validate`], [`prepare`]: request bodies, their fields checked one by one
 //!   (a 400 names the field and its range), and the checks into an engine job.
+//! - [`tools`], [`tool_calls`]: OpenAI's `tools` shown to the model through its chat template,
+//!   and the calls in its answer returned as `tool_calls` (streamed too).
 //! - [`respond`]: answers and stream chunks; [`error`]: errors in OpenAI's JSON shape.
 //! - [`server`]: routes, the body limit, and draining on Ctrl-C.
 //!
@@ -41,6 +43,8 @@ pub mod protocol;
 pub mod registry;
 pub mod respond;
 pub mod server;
+pub mod tool_calls;
+pub mod tools;
 pub mod validate;
 
 pub use adapter_dir::{AdapterDir, AdapterPathError};

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use rlft_model::SamplingParams;
 use rlft_text::{RenderOptions, StopStrings};
+use rlft_tools::CallFormat;
 
 use crate::engine::{random_seed, Job, ServedModel};
 use crate::error::ApiError;
@@ -42,32 +43,36 @@ pub struct Prepared {
     pub logprobs: bool,
     /// Add the token ids (vLLM's `return_token_ids`).
     pub return_token_ids: bool,
+    /// Read tool calls out of the answer in this format (a chat request with tools).
+    pub tool_calls: Option<CallFormat>,
 }
 
 /// Resolves a chat request.
 pub fn chat(reg: &Registry, req: ChatRequest) -> Result<Prepared, ApiError> {
     let model = find_model(reg, &req.model)?;
-    if req.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(ApiError::bad_param(
-            "tools",
-            "tools are not supported by rlft serve; send the request without `tools`",
-        ));
-    }
     let template = model.template.as_ref().map_err(|why| {
         ApiError::bad_request(format!(
             "model `{}` has no usable chat template ({why}); use /v1/completions with a raw prompt",
             model.name
         ))
     })?;
+    let tools = crate::tools::resolve(
+        &model.name,
+        template,
+        req.tools.as_deref(),
+        req.tool_choice.as_ref(),
+    )?;
+    let messages = crate::tools::template_messages(&req.messages)?;
     let cont = req.continue_final_message.unwrap_or(false);
     let opts = RenderOptions {
         add_generation_prompt: req.add_generation_prompt.unwrap_or(!cont),
         continue_final_message: cont,
         kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
+        tools: tools.as_ref().map(|t| t.schemas.clone()),
         ..model.text.render_options(true)
     };
     let text = template
-        .render(&req.messages, &opts)
+        .render(&messages, &opts)
         .map_err(|e| ApiError::bad_param("messages", e.to_string()))?;
     let ids = model
         .text
@@ -85,7 +90,10 @@ pub fn chat(reg: &Registry, req: ChatRequest) -> Result<Prepared, ApiError> {
     };
     let max = req.max_completion_tokens.or(req.common.max_tokens);
     let job = job(&model, vec![ids], &req.common, max, None, top)?;
-    Ok(finish(Kind::Chat, job, &req.common, top.is_some()))
+    Ok(Prepared {
+        tool_calls: tools.map(|t| t.format),
+        ..finish(Kind::Chat, job, &req.common, top.is_some())
+    })
 }
 
 /// Resolves a completion request.
@@ -154,6 +162,7 @@ fn finish(kind: Kind, job: Job, c: &Common, logprobs: bool) -> Prepared {
         include_usage: c.stream_options.as_ref().is_some_and(|o| o.include_usage),
         logprobs,
         return_token_ids: c.return_token_ids.unwrap_or(false),
+        tool_calls: None,
     }
 }
 

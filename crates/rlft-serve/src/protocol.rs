@@ -117,8 +117,11 @@ pub struct ChatRequest {
     pub continue_final_message: Option<bool>,
     /// Extra template variables (vLLM's extension), e.g. `enable_thinking`.
     pub chat_template_kwargs: Option<Map<String, Value>>,
-    /// Not implemented: refused when non-empty.
+    /// Tools the model may call, `{"type": "function", "function": {"name", "description",
+    /// "parameters"}}` each, shown to it through its chat template ([`crate::tools`]).
     pub tools: Option<Vec<Value>>,
+    /// `"auto"` (the default) or `"none"`; `"required"` and a named function are refused.
+    pub tool_choice: Option<Value>,
 }
 
 /// `prompt` of `/v1/completions`: text or token ids, one or a batch.

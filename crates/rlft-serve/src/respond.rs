@@ -6,6 +6,10 @@
 //! quantity a trainer recomputes. With `return_token_ids` (vLLM's extension) each choice also
 //! carries `token_ids` (the sampled ids, in stream chunks those of the chunk) and the answer
 //! `prompt_token_ids`: with the log-probs, what a trainer needs to score its own rollouts.
+//!
+//! A chat request with tools gets the calls in the model's text as `message.tool_calls` and
+//! `finish_reason: "tool_calls"` ([`crate::tool_calls`]); streamed, text that may be a call is
+//! held back and the calls go out as `delta.tool_calls` chunks before the final one.
 
 use std::convert::Infallible;
 use std::time::Instant;
@@ -15,12 +19,14 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, StreamExt};
 use rlft_model::sampling::Sampled;
 use rlft_model::FinishReason;
+use rlft_tools::CallFormat;
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::engine::{Event, Job};
 use crate::error::{json_response, ApiError};
 use crate::prepare::{Kind, Prepared};
+use crate::tool_calls::{call_id, call_json, chat_message, Holdback, StreamEnd};
 
 /// What an answer shares: ids, model name, timing, the request's options.
 struct Meta {
@@ -31,6 +37,7 @@ struct Meta {
     logprobs: bool,
     return_token_ids: bool,
     include_usage: bool,
+    tool_calls: Option<CallFormat>,
     started: Instant,
     path: &'static str,
 }
@@ -51,6 +58,7 @@ impl Meta {
             logprobs: p.logprobs,
             return_token_ids: p.return_token_ids,
             include_usage: p.include_usage,
+            tool_calls: p.tool_calls,
             started: Instant::now(),
             path: match p.kind {
                 Kind::Chat => "/v1/chat/completions",
@@ -205,12 +213,15 @@ pub async fn collect(p: Prepared, mut rx: UnboundedReceiver<Event>) -> Response 
         .enumerate()
         .map(|(i, c)| {
             let mut v = match meta.kind {
-                Kind::Chat => json!({
-                    "index": i,
-                    "message": {"role": "assistant", "content": c.text},
-                    "logprobs": meta.logprobs_json(&c.tokens, 0),
-                    "finish_reason": c.finish.map(reason),
-                }),
+                Kind::Chat => {
+                    let (message, called) = chat_message(&c.text, meta.tool_calls, call_id);
+                    json!({
+                        "index": i,
+                        "message": message,
+                        "logprobs": meta.logprobs_json(&c.tokens, 0),
+                        "finish_reason": if called { Some("tool_calls") } else { c.finish.map(reason) },
+                    })
+                }
                 Kind::Completion => json!({
                     "index": i,
                     "text": c.text,
@@ -249,6 +260,8 @@ struct Streamer {
     open: usize,
     /// Completion text length per choice (`text_offset`).
     sent: Vec<usize>,
+    /// Per choice, the text held back while it may be a tool call (requests with tools).
+    holds: Vec<Option<Holdback>>,
     completion: usize,
     started: bool,
     done: bool,
@@ -263,6 +276,7 @@ pub fn stream(p: Prepared, rx: UnboundedReceiver<Event>) -> Response {
         rx,
         open: rows,
         sent: vec![0; rows],
+        holds: (0..rows).map(|_| p.tool_calls.map(Holdback::new)).collect(),
         completion: 0,
         started: false,
         done: false,
@@ -314,6 +328,10 @@ impl Streamer {
                 text,
             }) => {
                 self.completion += 1;
+                let text = match &mut self.holds[choice] {
+                    Some(h) => h.push(&text),
+                    None => text,
+                };
                 if text.is_empty() && !self.meta.logprobs && !self.meta.return_token_ids {
                     return Some(out);
                 }
@@ -332,9 +350,14 @@ impl Streamer {
             }
             Some(Event::Finished { choice, reason: r }) => {
                 self.open -= 1;
+                let called = match self.holds[choice].take() {
+                    Some(h) => self.release(choice, h.finish(), &mut out),
+                    None => false,
+                };
+                let finish = if called { "tool_calls" } else { reason(r) };
                 let c = match self.meta.kind {
                     Kind::Chat => json!({"index": choice, "delta": {}, "logprobs": null,
-                                         "finish_reason": reason(r)}),
+                                         "finish_reason": finish}),
                     Kind::Completion => json!({"index": choice, "text": "", "logprobs": null,
                                                "finish_reason": reason(r)}),
                 };
@@ -348,6 +371,29 @@ impl Streamer {
             }
         }
         Some(out)
+    }
+
+    /// The chunks of a held-back end of turn: its content, then one chunk per call (`index`,
+    /// `id`, `type`, the function's name and whole arguments). Whether it called tools.
+    fn release(
+        &self,
+        choice: usize,
+        end: StreamEnd,
+        out: &mut Vec<Result<Sse, Infallible>>,
+    ) -> bool {
+        if !end.content.is_empty() {
+            let c = json!({"index": choice, "delta": {"content": end.content},
+                           "logprobs": null, "finish_reason": null});
+            out.push(self.chunk(vec![c]));
+        }
+        for (i, call) in end.calls.iter().enumerate() {
+            let mut call = call_json(call, call_id());
+            call["index"] = json!(i);
+            let c = json!({"index": choice, "delta": {"tool_calls": [call]},
+                           "logprobs": null, "finish_reason": null});
+            out.push(self.chunk(vec![c]));
+        }
+        !end.calls.is_empty()
     }
 
     /// An error chunk (`{"error": ...}`, as vLLM streams it) and `[DONE]`.

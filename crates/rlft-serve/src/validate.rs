@@ -49,6 +49,10 @@ pub enum Rule {
     StreamOptions,
     /// `response_format`: an object whose `type` is one of [`RESPONSE_FORMATS`].
     ResponseFormat,
+    /// `tools`: a list of function tools ([`crate::tools::check_tools`]).
+    Tools,
+    /// `tool_choice`: a string or a named function ([`crate::tools::check_tool_choice`]).
+    ToolChoice,
 }
 
 /// The `response_format.type` values of OpenAI's API (only `text` is served; see
@@ -139,7 +143,8 @@ pub const CHAT: &[Field] = &[
     f("add_generation_prompt", Rule::Bool),
     f("continue_final_message", Rule::Bool),
     f("chat_template_kwargs", Rule::Object),
-    f("tools", Rule::Array),
+    f("tools", Rule::Tools),
+    f("tool_choice", Rule::ToolChoice),
 ];
 
 /// The fields only `/v1/completions` has.
@@ -245,6 +250,8 @@ pub fn check_field(body: &mut Map<String, Value>, field: &Field) -> Result<(), A
         Rule::Messages => return check_messages(v),
         Rule::StreamOptions => return check_stream_options(v),
         Rule::ResponseFormat => return check_response_format(v),
+        Rule::Tools => return crate::tools::check_tools(v),
+        Rule::ToolChoice => return crate::tools::check_tool_choice(v),
     };
     if ok {
         Ok(())
@@ -280,6 +287,11 @@ pub fn describe(field: &Field) -> String {
         Rule::ResponseFormat => format!(
             "an object whose `type` is one of {}",
             quoted_list(RESPONSE_FORMATS)
+        ),
+        Rule::Tools => "a list of {\"type\": \"function\", \"function\": {...}} tools".into(),
+        Rule::ToolChoice => format!(
+            "one of {} or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
+            quoted_list(crate::tools::TOOL_CHOICES)
         ),
     };
     format!("{what}{}", field.note)
