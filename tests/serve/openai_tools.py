@@ -83,6 +83,16 @@ def streamed_calls(chunks):
     return [calls[i] for i in sorted(calls)], content, finish
 
 
+def expect_400(request, what, param):
+    """Checks that `request()` is refused with a 400 naming `param`."""
+    try:
+        request()
+        check(what, False)
+    except openai.BadRequestError as e:
+        print(f"     {what}:", e.message)
+        check(f"{what} -> 400 naming {param}", e.param == param)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rlft", default=str(REPO / "target/release/rlft"))
@@ -141,12 +151,8 @@ def main():
     print("     tool_choice=none:", r3.choices[0].message.model_dump_json(exclude_none=True))
     check("tool_choice=none: content, no calls", r3.choices[0].message.tool_calls is None
           and r3.choices[0].finish_reason != "tool_calls")
-    try:
-        client.chat.completions.create(messages=msgs, tool_choice="required", **ask)
-        check("tool_choice=required", False)
-    except openai.BadRequestError as e:
-        print("     tool_choice=required:", e.message)
-        check("tool_choice=required -> 400 naming tool_choice", e.param == "tool_choice")
+    expect_400(lambda: client.chat.completions.create(messages=msgs, tool_choice="required", **ask),
+               "tool_choice=required", "tool_choice")
 
     s.proc.send_signal(signal.SIGINT)
     check("Ctrl-C stops the server", s.proc.wait(timeout=30) == 0)
@@ -154,12 +160,8 @@ def main():
     # A model whose template renders no tools.
     smol = Server(args.rlft, default_model())
     c = openai.OpenAI(base_url=smol.url + "/v1", api_key="unused", max_retries=0)
-    try:
-        c.chat.completions.create(messages=msgs, **ask)
-        check("tools on a template without tools", False)
-    except openai.BadRequestError as e:
-        print("     SmolLM2 with tools:", e.message)
-        check("tools on a template without tools -> 400 naming tools", e.param == "tools")
+    expect_400(lambda: c.chat.completions.create(messages=msgs, **ask),
+               "tools on a template without tools", "tools")
     smol.proc.send_signal(signal.SIGINT)
     check("Ctrl-C stops the second server", smol.proc.wait(timeout=30) == 0)
     print("all checks passed")
