@@ -6,11 +6,10 @@
 //! whole text as content (no `tool_calls`), so a client sees what the model wrote instead of an
 //! error. Streamed and plain answers split a text the same way.
 
+use rlft_tools::parse::HERMES_OPEN as OPEN;
 use rlft_tools::{CallFormat, ToolCall};
 use serde_json::{json, Value};
 
-const OPEN: &str = "<tool_call>";
-const CLOSE: &str = "</tool_call>";
 /// What a whole-turn call (bare JSON, a ```` ```json ```` fence, Llama 3.1's tag) starts with.
 const WHOLE_TURN_STARTS: [&str; 3] = ["{", "```", "<|python_tag|>"];
 
@@ -26,35 +25,15 @@ pub struct Reply {
 /// The calls in `text`; `None` when it holds none or one is malformed (the text is then all
 /// content).
 pub fn split(format: CallFormat, text: &str) -> Option<Reply> {
-    let parsed = format.parse(text);
+    let (parsed, outside) = format.split(text);
     if parsed.is_empty() {
         return None;
     }
     let calls: Vec<ToolCall> = parsed.into_iter().collect::<Result<_, _>>().ok()?;
     // Tagged calls leave the text around them; any other form is the whole turn.
-    let content = if format == CallFormat::Hermes && text.contains(OPEN) {
-        let rest = outside_calls(text);
-        let rest = rest.trim_end();
-        (!rest.trim_start().is_empty()).then(|| rest.to_string())
-    } else {
-        None
-    };
+    let rest = outside.trim_end();
+    let content = (!rest.trim_start().is_empty()).then(|| rest.to_string());
     Some(Reply { content, calls })
-}
-
-/// `text` without its `<tool_call>...</tool_call>` blocks (an unclosed one runs to the end).
-fn outside_calls(text: &str) -> String {
-    let mut out = String::new();
-    let mut rest = text;
-    while let Some(start) = rest.find(OPEN) {
-        out.push_str(&rest[..start]);
-        let body = &rest[start + OPEN.len()..];
-        rest = body
-            .find(CLOSE)
-            .map_or("", |end| &body[end + CLOSE.len()..]);
-    }
-    out.push_str(rest);
-    out
 }
 
 /// A fresh call id, `call_` and 24 hex digits (OpenAI's ids are `call_` and 24 characters).

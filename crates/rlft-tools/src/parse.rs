@@ -54,36 +54,47 @@ impl CallFormat {
     /// The calls in `turn` (the decoded text of one assistant turn, end token removed), in
     /// order; a malformed one is an `Err` with what is wrong.
     pub fn parse(self, turn: &str) -> Vec<Result<ToolCall, String>> {
-        match self {
-            CallFormat::Hermes => hermes(turn),
+        self.split(turn).0
+    }
+
+    /// [`CallFormat::parse`] and the text outside the calls: around `<tool_call>` blocks (an
+    /// unclosed one runs to the end), nothing for a whole-turn call, the whole turn when it
+    /// calls nothing.
+    pub fn split(self, turn: &str) -> (Vec<Result<ToolCall, String>>, String) {
+        let calls = match self {
+            CallFormat::Hermes if turn.contains(HERMES_OPEN) => return hermes(turn),
+            CallFormat::Hermes => whole_turn(turn).into_iter().map(Ok).collect(),
             CallFormat::Llama3 => llama3(turn),
-        }
+        };
+        let outside = if calls.is_empty() { turn } else { "" };
+        (calls, outside.to_string())
     }
 }
 
-const OPEN: &str = "<tool_call>";
+/// The tag a Hermes call opens with.
+pub const HERMES_OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 
-fn hermes(turn: &str) -> Vec<Result<ToolCall, String>> {
-    if !turn.contains(OPEN) {
-        return whole_turn(turn).into_iter().map(Ok).collect();
-    }
-    let mut out = Vec::new();
+/// The `<tool_call>` blocks of `turn` and the text around them.
+fn hermes(turn: &str) -> (Vec<Result<ToolCall, String>>, String) {
+    let (mut calls, mut outside) = (Vec::new(), String::new());
     let mut rest = turn;
-    while let Some(start) = rest.find(OPEN) {
-        let body = &rest[start + OPEN.len()..];
+    while let Some(start) = rest.find(HERMES_OPEN) {
+        outside.push_str(&rest[..start]);
+        let body = &rest[start + HERMES_OPEN.len()..];
         match body.find(CLOSE) {
             Some(end) => {
-                out.push(call_object(body[..end].trim(), "arguments"));
+                calls.push(call_object(body[..end].trim(), "arguments"));
                 rest = &body[end + CLOSE.len()..];
             }
             None => {
-                out.push(Err(format!("`{OPEN}` without a closing `{CLOSE}`")));
-                break;
+                calls.push(Err(format!("`{HERMES_OPEN}` without a closing `{CLOSE}`")));
+                rest = "";
             }
         }
     }
-    out
+    outside.push_str(rest);
+    (calls, outside)
 }
 
 /// The call a turn consists of, bare or in a ```` ```json ```` fence: an object with a

@@ -84,11 +84,6 @@ impl Turns {
         }))
     }
 
-    /// The tools' schemas, as the prompts' template rendering takes them.
-    pub fn schemas(&self) -> Vec<Value> {
-        self.tools.schemas()
-    }
-
     /// The template text between the end of an assistant turn of conversation `prompt` and
     /// the next assistant turn, with `answers` as `tool` messages in between.
     fn between_turns(
@@ -339,7 +334,7 @@ mod tests {
         let text = text();
         let turns = calculator(Some(2), &text);
         let ds = rlft_data::Dataset::from_rows(vec![json!({"prompt": "17 * (18 - 14)?"})]).unwrap();
-        let schemas = turns.schemas();
+        let schemas = turns.render.tools.clone().unwrap();
         let format = PromptFormat {
             column: "prompt",
             system_prompt: None,
