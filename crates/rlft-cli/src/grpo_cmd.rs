@@ -149,7 +149,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
                 .map(|(k, v)| (k, json!(v)))
                 .collect();
             let mut line = json!({
-                    "prompt": items[s.prompt].text,
+                    "prompt": s.prompt_item(&items).text,
                     "completion": s.text,
                     "reward": r.scores.is_scored(i).then_some(r.scores.total[i]),
                     "rewards": parts,
@@ -157,10 +157,15 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
                     "truncated": s.truncated,
             });
             if turns.is_some() {
-                let t = s.tools.as_ref();
+                let t = s.turns.as_ref();
                 line["tool_calls"] = json!(t.map_or(0, |t| t.calls));
                 line["tool_failures"] = json!(t.map_or(0, |t| t.failures));
                 line["transcript"] = json!(t.map_or(&s.text, |t| &t.transcript));
+            }
+            if turns.is_some_and(|t| t.has_environment()) {
+                let t = s.turns.as_ref();
+                line["environment_steps"] = json!(t.map_or(0, |t| t.steps));
+                line["environment_reward"] = json!(t.and_then(|t| t.environment_reward));
             }
             out.push_str(&line.to_string());
             out.push('\n');
@@ -263,6 +268,7 @@ pub fn run_reward(a: RewardArgs) -> Result<()> {
             completion_ids: ids,
             completion_tokens: ids.len(),
             truncated: false,
+            environment_reward: None,
         })
         .collect();
     let scores = rewards.score(&samples)?;

@@ -162,6 +162,7 @@ mod tests {
                 completion_ids: &[],
                 completion_tokens: 0,
                 truncated: false,
+                environment_reward: None,
             })
             .collect();
         r.score(&batch).unwrap().scores

@@ -23,6 +23,7 @@
 //!     completion_ids: &[],
 //!     completion_tokens: 7,
 //!     truncated: false,
+//!     environment_reward: None,
 //! }];
 //! let scores = set.score(&batch)?;
 //! assert_eq!(scores.total, vec![1.0]); // 1.0 * python_expr_rule + 0.5 * overlong (0 here)
@@ -169,6 +170,16 @@
 //! weight = 1.0
 //! ```
 //!
+//! ## `environment`: an environment's reward
+//!
+//! The sum of the rewards an `[environment]` gave at the steps of the sample's episode
+//! (`None`, counted as 0, where it gave none); see `docs/tools.md`. No keys of its own.
+//!
+//! ```toml
+//! [[rewards]]
+//! type = "environment"
+//! ```
+//!
 //! # Writing your own in Rust
 //!
 //! Implement [`Reward`] and add it to a [`RewardSet`] with [`RewardSet::push`].
@@ -211,6 +222,9 @@ pub struct Sample<'a> {
     pub completion_tokens: usize,
     /// True when generation stopped at `max_completion_length` instead of an end token.
     pub truncated: bool,
+    /// The `[environment]`'s reward of the episode (the sum of its steps' rewards); `None`
+    /// without an environment or when no step gave one. The `environment` reward reads it.
+    pub environment_reward: Option<f64>,
 }
 
 /// Scores of one reward function over a batch.

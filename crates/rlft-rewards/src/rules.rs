@@ -315,6 +315,26 @@ impl Reward for Length {
     }
 }
 
+/// The `environment` reward: each sample's [`Sample::environment_reward`] (`None` where the
+/// environment gave none).
+#[derive(Debug, Clone)]
+pub struct EnvironmentReward {
+    pub(crate) name: String,
+}
+
+impl Reward for EnvironmentReward {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn score(&mut self, batch: &[Sample<'_>]) -> Result<RewardOutput, RewardError> {
+        Ok(RewardOutput {
+            scores: batch.iter().map(|s| s.environment_reward).collect(),
+            parts: Vec::new(),
+        })
+    }
+}
+
 /// The `overlong` reward (see [`overlong_penalty`]).
 #[derive(Debug, Clone)]
 pub struct Overlong {
@@ -376,6 +396,7 @@ mod tests {
             completion_ids: &[],
             completion_tokens: tokens,
             truncated: false,
+            environment_reward: None,
         }
     }
 

@@ -292,6 +292,7 @@ mod tests {
             completion_ids: &[],
             completion_tokens: t,
             truncated: false,
+            environment_reward: None,
         };
         let out = set.score(&[s("\\boxed{4}", 3), s("4", 8)]).unwrap();
         // 1.0 + 0.5 * 0 + 2 * -1 ; 0.9 + 0.5 * -0.5 + 2 * -1
@@ -348,6 +349,7 @@ mod tests {
             completion_ids: &[],
             completion_tokens: 1,
             truncated: false,
+            environment_reward: None,
         };
         for (c, want) in [("7", Some(1.0)), ("x", None)] {
             let out = set.score(&[s(c)]).unwrap();
@@ -369,6 +371,7 @@ mod tests {
             completion_ids: &[],
             completion_tokens: 0,
             truncated: false,
+            environment_reward: None,
         }];
         let e = set.score(&batch).unwrap_err().to_string();
         assert!(

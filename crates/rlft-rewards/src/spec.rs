@@ -8,7 +8,9 @@ use crate::external::command::CommandReward;
 use crate::external::http::HttpReward;
 use crate::external::python::PythonReward;
 use crate::format::{compile, IncrementalFormat, RegexFormat, StrictFormat};
-use crate::rules::{BoxedAccuracy, Length, Overlong, PythonExprRule, Repetition};
+use crate::rules::{
+    BoxedAccuracy, EnvironmentReward, Length, Overlong, PythonExprRule, Repetition,
+};
 use crate::{Reward, RewardError};
 
 /// One reward function of a trainer config: common keys plus the keys of its `type`.
@@ -65,11 +67,13 @@ pub enum RewardKind {
     /// A reward model (a `score` head) scoring prompt + completion; loaded by the trainers
     /// (crate `rlft`), since this crate holds no model.
     Model(ModelSpec),
+    /// The `[environment]`'s reward of an episode: the sum of the rewards its steps gave.
+    Environment(EnvironmentRewardSpec),
 }
 
 impl RewardKind {
     /// Every valid `type`, in declaration order.
-    pub const TYPES: [&'static str; 12] = [
+    pub const TYPES: [&'static str; 13] = [
         "python_expr_rule",
         "boxed_accuracy",
         "strict_format",
@@ -82,6 +86,7 @@ impl RewardKind {
         "python",
         "http",
         "model",
+        "environment",
     ];
 
     /// The `type` string of this kind.
@@ -99,6 +104,7 @@ impl RewardKind {
             RewardKind::Python(_) => 9,
             RewardKind::Http(_) => 10,
             RewardKind::Model(_) => 11,
+            RewardKind::Environment(_) => 12,
         };
         Self::TYPES[i]
     }
@@ -275,6 +281,11 @@ pub struct HttpSpec {
     #[serde(default = "thirty")]
     pub timeout_s: f64,
 }
+
+/// `type = "environment"`: no keys of its own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentRewardSpec {}
 
 /// `type = "model"`: a reward model's score of prompt + completion.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -505,6 +516,7 @@ pub fn build_reward(spec: &RewardSpec) -> Result<Box<dyn Reward>, RewardError> {
         RewardKind::Command(k) => Box::new(CommandReward::new(name, k)?),
         RewardKind::Python(k) => Box::new(PythonReward::new(name, k)?),
         RewardKind::Http(k) => Box::new(HttpReward::new(name, k)?),
+        RewardKind::Environment(_) => Box::new(EnvironmentReward { name }),
         RewardKind::Model(_) => {
             return bad(
                 "a `model` reward loads a model, which this crate does not: build the reward \

@@ -45,6 +45,7 @@ fn samples<'a>(completions: &[&'a str], row: &'a Value) -> Vec<Sample<'a>> {
             completion_ids: &[],
             completion_tokens: c.len(),
             truncated: false,
+            environment_reward: None,
         })
         .collect()
 }

@@ -158,6 +158,7 @@ fn python_examples_work() {
             completion_ids: &[],
             completion_tokens: 3,
             truncated: false,
+            environment_reward: None,
         })
         .collect();
 
@@ -235,6 +236,7 @@ fn python_trl_example_works() {
         completion_ids: &[],
         completion_tokens: 3,
         truncated: false,
+        environment_reward: None,
     })
     .collect();
     let scores = set.score(&batch).unwrap();

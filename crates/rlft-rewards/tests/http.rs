@@ -89,6 +89,7 @@ fn samples<'a>(completions: &[&'a str], row: &'a Value) -> Vec<Sample<'a>> {
             completion_ids: &[],
             completion_tokens: 3,
             truncated: false,
+            environment_reward: None,
         })
         .collect()
 }

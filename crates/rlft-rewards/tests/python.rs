@@ -70,6 +70,7 @@ fn samples(cases: &[Case]) -> Vec<Sample<'_>> {
             completion_ids: &c.ids,
             completion_tokens: c.ids.len(),
             truncated: false,
+            environment_reward: None,
         })
         .collect()
 }

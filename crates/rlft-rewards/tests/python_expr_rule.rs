@@ -63,6 +63,7 @@ fn seed_fixture() {
             completion_ids: &[],
             completion_tokens: 0,
             truncated: false,
+            environment_reward: None,
         })
         .collect();
     let scores = set.score(&batch).unwrap();

@@ -198,6 +198,7 @@ fn every_kind_survives_random_batches() {
                 completion_ids: &[],
                 completion_tokens: c.chars().count(),
                 truncated: false,
+                environment_reward: None,
             })
             .collect();
         for r in &mut rewards {

@@ -12,9 +12,11 @@
 //! for a failed call. Every failure (an unknown tool, bad arguments, a crash, a timeout, an
 //! answer out of protocol) becomes a failed call whose message the model reads; none stops the
 //! run, and a process that hangs is killed at `timeout_s`. [`parse`] reads the calls out of the
-//! model's turn in its chat format.
+//! model's turn in its chat format. [`environment`] runs episodes of several turns with an
+//! external environment (`[environment]`).
 
 pub mod calculator;
+pub mod environment;
 pub mod parse;
 
 use std::sync::Mutex;
@@ -25,6 +27,7 @@ use rlft_rewards::http_client::{parse_url, HttpError, Url};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
+pub use environment::{EnvError, Environment, EnvironmentSpec, StepResult};
 pub use parse::{CallFormat, ToolCall};
 
 /// What is wrong with a `[[tools]]` list.

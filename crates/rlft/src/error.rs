@@ -22,6 +22,9 @@ pub enum TrainerError {
     /// Tool specs (`[[tools]]`).
     #[error(transparent)]
     Tool(#[from] rlft_tools::ToolError),
+    /// The `[environment]` is invalid or failed.
+    #[error(transparent)]
+    Environment(#[from] rlft_tools::EnvError),
     /// Model problems.
     #[error(transparent)]
     Model(#[from] rlft_model::ModelError),

@@ -219,6 +219,7 @@ mod tests {
             completion_ids: &[],
             completion_tokens: 2,
             truncated: true,
+            environment_reward: None,
         }];
         let line = String::from_utf8(sample_lines(&batch)).unwrap();
         assert_eq!(

@@ -126,10 +126,10 @@ impl TrainerConfig for OnlineDpoConfig {
 
     fn validate_own(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if !self.rollout.tools.is_empty() {
+        if self.rollout.multi_turn() {
             return bad(
-                "[[tools]] work with the policy-gradient trainers (rlft grpo, rloo, ppo), not \
-                 with Online DPO yet; remove the tools or train with rlft grpo"
+                "[[tools]] and [environment] work with the policy-gradient trainers (rlft grpo, \
+                 rloo, ppo), not with Online DPO yet; remove them or train with rlft grpo"
                     .into(),
             );
         }

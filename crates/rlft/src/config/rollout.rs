@@ -6,7 +6,7 @@
 
 use rlft_model::sampling::SamplingParams;
 use rlft_rewards::RewardSpec;
-use rlft_tools::ToolSpec;
+use rlft_tools::{EnvironmentSpec, ToolSpec};
 use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
@@ -40,6 +40,9 @@ pub struct RolloutConfig {
     pub tools: Vec<ToolSpec>,
     /// Most tool-calling rounds per completion (TRL's name); unset: until the completion budget.
     pub max_tool_calling_iterations: Option<usize>,
+    /// An environment that plays episodes of several turns with the model (`[environment]`;
+    /// see `docs/tools.md`).
+    pub environment: Option<EnvironmentSpec>,
 }
 
 impl Default for RolloutConfig {
@@ -58,6 +61,7 @@ impl Default for RolloutConfig {
             eval_max_prompts: 0,
             tools: Vec::new(),
             max_tool_calling_iterations: None,
+            environment: None,
         }
     }
 }
@@ -72,6 +76,11 @@ impl RolloutConfig {
             min_p: self.min_p as f32,
             repetition_penalty: self.repetition_penalty as f32,
         }
+    }
+
+    /// Whether completions may have several turns (tools or an environment).
+    pub fn multi_turn(&self) -> bool {
+        !self.tools.is_empty() || self.environment.is_some()
     }
 
     /// Checks the rewards and the sampling; each error says how to fix it.
@@ -118,6 +127,21 @@ impl RolloutConfig {
             );
         }
         rlft_tools::ToolBox::new(&self.tools).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if let Some(env) = &self.environment {
+            rlft_tools::Environment::new(env).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
+        let env_reward = self
+            .rewards
+            .iter()
+            .any(|r| matches!(r.kind, rlft_rewards::RewardKind::Environment(_)));
+        if env_reward && self.environment.is_none() {
+            return bad(
+                "a [[rewards]] table has type = \"environment\" but there is no [environment] \
+                 to give that reward; add an [environment] table (docs/tools.md) or remove the \
+                 reward"
+                    .into(),
+            );
+        }
         Ok(())
     }
 }

@@ -107,14 +107,8 @@ pub fn pair_logps(
         messages: Vec::new(),
         row: Value::Null,
     };
-    let sample = |prompt: usize, ids: &[u32]| Sample {
-        prompt,
-        completion_ids: ids.to_vec(),
-        text: String::new(),
-        truncated: false,
-        sampler_logprobs: None,
-        tools: None,
-    };
+    let sample =
+        |prompt: usize, ids: &[u32]| Sample::new(prompt, ids.to_vec(), String::new(), false);
     let (mut chosen, mut rejected) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for p in pairs {
         items.push(item(&p.prompt_ids));

@@ -87,7 +87,10 @@ impl Critic {
     /// loss masks them). `grad`: with a graph through the critic's trainable weights.
     pub fn values(&self, items: &[PromptItem], samples: &[&Sample], grad: bool) -> Result<Tensor> {
         let m = &self.model;
-        let prompts: Vec<&[u32]> = samples.iter().map(|s| &items[s.prompt].ids[..]).collect();
+        let prompts: Vec<&[u32]> = samples
+            .iter()
+            .map(|s| &s.prompt_item(items).ids[..])
+            .collect();
         let comps: Vec<&[u32]> = samples.iter().map(|s| &s.completion_ids[..]).collect();
         let tb = token_batch(&prompts, &comps, m.pad_id, m.model.device())?;
         let tc = tb.mask.dim(1)?;

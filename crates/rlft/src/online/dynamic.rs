@@ -98,14 +98,7 @@ impl Filter {
 }
 
 fn placeholder() -> Sample {
-    Sample {
-        prompt: 0,
-        completion_ids: Vec::new(),
-        text: String::new(),
-        truncated: false,
-        sampler_logprobs: None,
-        tools: None,
-    }
+    Sample::new(0, Vec::new(), String::new(), false)
 }
 
 /// The scores of `rows` (`(batch, sample)` pairs) as one [`Scores`].
@@ -154,14 +147,7 @@ mod tests {
         let samples = rewards
             .iter()
             .enumerate()
-            .map(|(i, _)| Sample {
-                prompt: i / 2,
-                completion_ids: vec![tag, i as u32],
-                text: String::new(),
-                truncated: false,
-                sampler_logprobs: None,
-                tools: None,
-            })
+            .map(|(i, _)| Sample::new(i / 2, vec![tag, i as u32], String::new(), false))
             .collect();
         GenBatch {
             samples,

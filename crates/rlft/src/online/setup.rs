@@ -193,13 +193,19 @@ pub fn prompts(
     )
 }
 
-/// The tools of a config for a model with tokenizer `text` (`None` without `[[tools]]`).
+/// The tools and environment of a config for a model with tokenizer `text` (`None` with
+/// neither).
 pub fn turns(cfg: &OnlineConfig, text: &TextBundle) -> Result<Option<Turns>> {
     let r = &cfg.rollout;
-    let turns = Turns::new(&r.tools, r.max_tool_calling_iterations, text)?;
-    if turns.is_some() {
+    let env = r.environment.as_ref();
+    let turns = Turns::new(&r.tools, r.max_tool_calling_iterations, env, text)?;
+    if !r.tools.is_empty() {
         let names: Vec<&str> = r.tools.iter().map(|t| t.display_name()).collect();
         eprintln!("tools: {}", names.join(", "));
+    }
+    if let Some(env) = env {
+        let at = env.url.clone().unwrap_or_else(|| env.command.join(" "));
+        eprintln!("environment: {at}");
     }
     Ok(turns)
 }
@@ -305,6 +311,7 @@ fn check_reward_columns(
         completion_ids: &[],
         completion_tokens: 0,
         truncated: false,
+        environment_reward: None,
     };
     rewards.score(&[probe]).map_err(|e| {
         TrainerError::Data(format!(

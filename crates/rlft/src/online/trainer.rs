@@ -25,7 +25,7 @@ use crate::error::Result;
 use crate::online::critic::Critic;
 use crate::rollout::logs::{online_step_metrics, OnlineLogs};
 use crate::rollout::remote::ServerPool;
-use crate::rollout::stats::{rollout_metrics, tool_metrics, HealthMonitor};
+use crate::rollout::stats::{rollout_metrics, turn_metrics, HealthMonitor};
 use crate::rollout::{
     generate_and_score, no_grad_passes, policy_pass, timed, MicroRows, NoGradPasses, Sample,
     Sampler, ScoreOptions, Turns,
@@ -225,8 +225,8 @@ impl Algorithm for Online<'_> {
         if est.frac_zero_std.is_none() {
             metrics.retain(|(k, _)| k != "frac_reward_zero_std");
         }
-        if self.turns.is_some() {
-            metrics.extend(tool_metrics("", &samples));
+        if let Some(turns) = self.turns {
+            metrics.extend(turn_metrics("", &samples, turns));
         }
         metrics.extend(est.metrics);
         metrics.extend(sampling_metrics);

@@ -6,7 +6,7 @@ use rlft_model::sampling::SamplingParams;
 use rlft_rewards::{RewardSet, Scores};
 use rlft_text::TextBundle;
 
-use super::stats::{length_metrics, reward_metrics, tool_metrics, Metrics};
+use super::stats::{length_metrics, reward_metrics, turn_metrics, Metrics};
 use super::{rollout_model, sample_completions, RolloutSettings, Sample, Turns};
 use crate::data::prompts::PromptItem;
 use crate::error::Result;
@@ -20,12 +20,13 @@ pub fn score_samples(
     let batch: Vec<rlft_rewards::Sample<'_>> = samples
         .iter()
         .map(|s| rlft_rewards::Sample {
-            prompt: &items[s.prompt].text,
+            prompt: &s.prompt_item(items).text,
             completion: &s.text,
             row: &items[s.prompt].row,
             completion_ids: &s.completion_ids,
             completion_tokens: s.completion_ids.len(),
             truncated: s.truncated,
+            environment_reward: s.turns.as_ref().and_then(|t| t.environment_reward),
         })
         .collect();
     Ok(rewards.score(&batch)?)
@@ -72,8 +73,8 @@ pub struct EvalResult {
     pub scores: Scores,
 }
 
-/// Generates one completion per prompt of `items` (calling `turns`' tools, if any) and scores
-/// it.
+/// Generates one completion per prompt of `items` (through `turns`' tools and environment, if
+/// any) and scores it.
 pub fn evaluate(
     model: &CausalLm,
     text: &TextBundle,
@@ -108,8 +109,8 @@ pub fn evaluate(
     let lens: Vec<usize> = samples.iter().map(|x| x.completion_ids.len()).collect();
     let trunc: Vec<bool> = samples.iter().map(|x| x.truncated).collect();
     metrics.extend(length_metrics("eval/", &lens, &trunc));
-    if turns.is_some() {
-        metrics.extend(tool_metrics("eval/", &samples));
+    if let Some(turns) = turns {
+        metrics.extend(turn_metrics("eval/", &samples, turns));
     }
     Ok(EvalResult {
         metrics,

@@ -8,10 +8,13 @@
 //! - [`passes`]: the log-prob passes over samples (old policy, reference, the policy with grad);
 //! - [`samples`]: `samples.jsonl`, the completions a run shows;
 //! - [`stats`]: reward and length metrics with TRL's names, and the health signs;
-//! - [`turns`]: multi-turn rollouts, where completions call tools and read their answers.
+//! - [`turns`]: multi-turn rollouts, where completions call tools and read their answers, or
+//!   play episodes with an environment.
 //!
 //! Generation runs on a copy of the policy with LoRA adapters merged in (a few small matmuls per
 //! rollout), so it takes the fused CPU decode path; the prompt is prefilled once per group.
+
+use std::sync::Arc;
 
 use rlft_model::decoder::CausalLm;
 use rlft_model::generate::{generate, FinishReason, GenerateRequest};
@@ -38,13 +41,16 @@ pub mod samples;
 pub mod stats;
 pub mod turns;
 
-pub use turns::{ToolTrace, Turns};
+pub use turns::{TurnTrace, Turns};
 
 /// One completion of a rollout.
 #[derive(Debug, Clone)]
 pub struct Sample {
     /// Index of its prompt in the trainer's prompt list.
     pub prompt: usize,
+    /// The episode's own first prompt, where an environment's first observation extended the
+    /// trainer's prompt ([`turns`]); `None`: `items[prompt]` as it is.
+    pub episode_prompt: Option<Arc<PromptItem>>,
     /// Generated ids (an ending eos included).
     pub completion_ids: Vec<u32>,
     /// Decoded completion text (special tokens skipped): what rewards see.
@@ -54,15 +60,35 @@ pub struct Sample {
     /// Per-token log-probs the sampler reported (rollouts on servers, [`remote`]); `None` for
     /// the in-process rollout, whose sampler is the policy itself.
     pub sampler_logprobs: Option<Vec<f32>>,
-    /// The tool calls of a multi-turn completion ([`turns`]); `None` when it called none, so
-    /// the policy sampled every token.
-    pub tools: Option<ToolTrace>,
+    /// The turns of a multi-turn completion ([`turns`]); `None` when it called no tool and
+    /// played no environment step, so the policy sampled every token.
+    pub turns: Option<TurnTrace>,
 }
 
 impl Sample {
+    /// A first-turn sample of prompt `prompt`, as the sampler gave it.
+    pub fn new(prompt: usize, completion_ids: Vec<u32>, text: String, truncated: bool) -> Self {
+        Sample {
+            prompt,
+            episode_prompt: None,
+            completion_ids,
+            text,
+            truncated,
+            sampler_logprobs: None,
+            turns: None,
+        }
+    }
+
+    /// The prompt this completion follows: the episode's own, else `items[prompt]`.
+    pub fn prompt_item<'a>(&'a self, items: &'a [PromptItem]) -> &'a PromptItem {
+        self.episode_prompt
+            .as_deref()
+            .unwrap_or(&items[self.prompt])
+    }
+
     /// Completion tokens the policy sampled: the ones the loss counts (tool answers left out).
     pub fn sampled_tokens(&self) -> usize {
-        match &self.tools {
+        match &self.turns {
             Some(t) => t.mask.iter().filter(|&&m| m).count(),
             None => self.completion_ids.len(),
         }
@@ -103,8 +129,9 @@ pub fn rollout_model(policy: &CausalLm) -> Result<CausalLm> {
 }
 
 /// Generates `num_generations` completions for each of `prompts` (indices into `items`);
-/// groups are contiguous, in the order of `prompts`. With `turns`, completions that call tools
-/// go on after their answers ([`turns::continue_with_tools`]).
+/// groups are contiguous, in the order of `prompts`. With `turns`, completions go on through
+/// their tool calls and environment steps ([`turns::continue_turns`]); with an environment,
+/// each completion is an episode that starts with its `reset` ([`turns::episodes`]).
 pub fn sample_completions(
     model: &CausalLm,
     text: &TextBundle,
@@ -113,9 +140,15 @@ pub fn sample_completions(
     s: &RolloutSettings,
     turns: Option<&Turns>,
 ) -> Result<Vec<Sample>> {
+    let g = s.num_generations;
+    let episodes = match turns {
+        Some(t) => t.start_episodes(text, items, prompts, g, s.seed)?,
+        None => Vec::new(),
+    };
+    let first = turns::episodes::first_turn(items, prompts, g, &episodes);
     let req = GenerateRequest {
-        prompts: prompts.iter().map(|&i| items[i].ids.clone()).collect(),
-        n: s.num_generations,
+        prompts: first.contexts,
+        n: first.n,
         max_new_tokens: s.max_new_tokens,
         sampling: s.sampling.clone(),
         seed: s.seed,
@@ -127,18 +160,19 @@ pub fn sample_completions(
     let out = generate(model, &req, &detok)?;
     let mut samples: Vec<Sample> = out
         .into_iter()
-        .map(|c| Sample {
-            prompt: prompts[c.prompt_index],
-            truncated: c.finish_reason == FinishReason::Length,
-            completion_ids: c.token_ids,
-            text: c.text,
-            sampler_logprobs: None,
-            tools: None,
+        .map(|c| {
+            let e = c.prompt_index * first.n + c.sample_index;
+            let truncated = c.finish_reason == FinishReason::Length;
+            let mut sample = Sample::new(prompts[e / g], c.token_ids, c.text, truncated);
+            sample.episode_prompt = episodes.get(e).and_then(|x| x.prompt.clone());
+            sample
         })
         .collect();
     if let Some(turns) = turns {
+        let ids: Vec<String> = episodes.iter().map(|e| e.id.clone()).collect();
         let mut gen = |r: &GenerateRequest| Ok(generate(model, r, &detok)?);
-        turns::continue_with_tools(&mut samples, items, turns, text, s, &mut gen)?;
+        turns::continue_turns(&mut samples, items, turns, text, s, &ids, &mut gen)?;
+        turns.close(&episodes)?;
     }
     Ok(samples)
 }

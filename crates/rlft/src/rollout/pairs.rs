@@ -344,14 +344,7 @@ fn add_pairs(
 fn reference_sample(text: &TextBundle, p: usize, reply: &str, eos: &[u32]) -> Result<Sample> {
     let mut completion_ids = text.encode(reply, false)?;
     completion_ids.extend(eos.first());
-    Ok(Sample {
-        prompt: p,
-        completion_ids,
-        text: reply.to_string(),
-        truncated: false,
-        sampler_logprobs: None,
-        tools: None,
-    })
+    Ok(Sample::new(p, completion_ids, reply.to_string(), false))
 }
 
 fn progress(p: &SampledPairs) {

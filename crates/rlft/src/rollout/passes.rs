@@ -138,19 +138,21 @@ pub fn score_batch(
     let comps: Vec<&[u32]> = samples.iter().map(|s| &s.completion_ids[..]).collect();
     let device = model.device();
     if share_prompts {
-        let mut unique: Vec<usize> = Vec::new();
+        // Completions of one prompt share its pass; an environment's episodes may each have
+        // their own first prompt, so prompts are told apart by their ids.
+        let mut prompts: Vec<&[u32]> = Vec::new();
         let mut group = Vec::with_capacity(samples.len());
         for s in samples {
-            let g = match unique.iter().position(|&u| u == s.prompt) {
+            let ids = &s.prompt_item(items).ids[..];
+            let g = match prompts.iter().position(|&u| u == ids) {
                 Some(g) => g,
                 None => {
-                    unique.push(s.prompt);
-                    unique.len() - 1
+                    prompts.push(ids);
+                    prompts.len() - 1
                 }
             };
             group.push(g);
         }
-        let prompts: Vec<&[u32]> = unique.iter().map(|&u| &items[u].ids[..]).collect();
         let sb = shared_prefix_batch(&prompts, &comps, &group, pad_id, device)?;
         let (lp, ent) = shared_prefix_logprobs(model, &sb, grad, entropy, temperature)?;
         return Ok(ScoredBatch {
@@ -161,7 +163,10 @@ pub fn score_batch(
             num_tokens: sb.num_tokens,
         });
     }
-    let prompts: Vec<&[u32]> = samples.iter().map(|s| &items[s.prompt].ids[..]).collect();
+    let prompts: Vec<&[u32]> = samples
+        .iter()
+        .map(|s| &s.prompt_item(items).ids[..])
+        .collect();
     let tb = token_batch(&prompts, &comps, pad_id, device)?;
     let (lp, ent) = completion_logprobs(model, &tb, grad, entropy, temperature)?;
     Ok(ScoredBatch {
@@ -325,11 +330,12 @@ pub fn policy_pass(
     let refs: Vec<&Sample> = m.rows.iter().map(|&i| &m.samples[i]).collect();
     let sb = score_batch(model, items, &refs, opts)?;
     let tc = sb.mask.dim(1)?;
-    // Rows not kept count no token; tool answers inside a completion count none either.
+    // Rows not kept count no token; tool answers and observations inside a completion count
+    // none either.
     let mut counted = Vec::with_capacity(refs.len() * tc);
     for (s, &keep) in refs.iter().zip(m.keep) {
         let sampled = |j: usize| {
-            s.tools
+            s.turns
                 .as_ref()
                 .is_none_or(|t| t.mask.get(j) == Some(&true))
         };

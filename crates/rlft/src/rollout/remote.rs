@@ -354,14 +354,10 @@ impl ServerPool {
         let mut samples = Vec::with_capacity(prompts.len() * s.num_generations);
         for (g, choices) in results.into_inner().unwrap().into_iter().enumerate() {
             for c in choices.expect("every group sampled") {
-                samples.push(Sample {
-                    prompt: prompts[g],
-                    text: text.decode(&c.ids, true).unwrap_or_default(),
-                    truncated: c.truncated,
-                    completion_ids: c.ids,
-                    sampler_logprobs: Some(c.logprobs),
-                    tools: None,
-                });
+                let decoded = text.decode(&c.ids, true).unwrap_or_default();
+                let mut sample = Sample::new(prompts[g], c.ids, decoded, c.truncated);
+                sample.sampler_logprobs = Some(c.logprobs);
+                samples.push(sample);
             }
         }
         Ok(samples)

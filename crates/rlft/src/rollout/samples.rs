@@ -41,7 +41,8 @@ pub struct LoggedSample<'a> {
     pub prompt: &'a str,
     /// Completion text (what the rewards scored: the model's own turns).
     pub completion: &'a str,
-    /// With tools: the whole completion, tool answers included.
+    /// With tools or an environment: the whole completion, tool answers and observations
+    /// included.
     pub transcript: Option<&'a str>,
     /// Weighted total reward; `None` (written as `null`) when no function scored it.
     pub reward: Option<f64>,
@@ -73,9 +74,9 @@ pub fn pick<'a>(
             let s = &samples[i];
             LoggedSample {
                 split,
-                prompt: &items[s.prompt].text,
+                prompt: &s.prompt_item(items).text,
                 completion: &s.text,
-                transcript: s.tools.as_ref().map(|t| t.transcript.as_str()),
+                transcript: s.turns.as_ref().map(|t| t.transcript.as_str()),
                 reward: scores.is_scored(i).then_some(scores.total[i]),
                 rewards: sample_reward_parts(names, scores, i),
                 advantage: advantages.map(|a| a[i]),

@@ -105,26 +105,31 @@ pub fn rollout_metrics(
     metrics
 }
 
-/// TRL's tool metrics under `prefix`: `tools/call_frequency` (calls per completion) and
-/// `tools/failure_frequency` (failed calls per call, 0 without calls), as its GRPOTrainer
-/// computes them.
-pub fn tool_metrics(prefix: &str, samples: &[super::Sample]) -> Metrics {
-    let traces = samples.iter().filter_map(|s| s.tools.as_ref());
-    let (calls, failures) = traces.fold((0, 0), |(c, f), t| (c + t.calls, f + t.failures));
-    vec![
-        (
-            format!("{prefix}tools/call_frequency"),
-            calls as f64 / samples.len().max(1) as f64,
-        ),
-        (
-            format!("{prefix}tools/failure_frequency"),
-            if calls > 0 {
-                failures as f64 / calls as f64
-            } else {
-                0.0
-            },
-        ),
-    ]
+/// The metrics of multi-turn rollouts under `prefix`: with tools, TRL's
+/// `tools/call_frequency` (calls per completion) and `tools/failure_frequency` (failed calls
+/// per call, 0 without calls), as its GRPOTrainer computes them; with an environment,
+/// `env/steps` (steps per episode) and `env/done_frequency` (episodes the environment ended).
+pub fn turn_metrics(prefix: &str, samples: &[super::Sample], turns: &super::Turns) -> Metrics {
+    let traces: Vec<&super::TurnTrace> = samples.iter().filter_map(|s| s.turns.as_ref()).collect();
+    let sum = |f: fn(&super::TurnTrace) -> usize| traces.iter().map(|t| f(t)).sum::<usize>();
+    let per_sample = |x: usize| x as f64 / samples.len().max(1) as f64;
+    let mut out = Metrics::new();
+    if turns.has_tools() {
+        let (calls, failures) = (sum(|t| t.calls), sum(|t| t.failures));
+        out.push((format!("{prefix}tools/call_frequency"), per_sample(calls)));
+        let failure = if calls > 0 {
+            failures as f64 / calls as f64
+        } else {
+            0.0
+        };
+        out.push((format!("{prefix}tools/failure_frequency"), failure));
+    }
+    if turns.has_environment() {
+        out.push((format!("{prefix}env/steps"), per_sample(sum(|t| t.steps))));
+        let done = sum(|t| usize::from(t.done));
+        out.push((format!("{prefix}env/done_frequency"), per_sample(done)));
+    }
+    out
 }
 
 /// A warning with its likely fix.

@@ -240,10 +240,10 @@ impl OnlineConfig {
         self.check_estimator()?;
         self.check_batches()?;
         self.servers.check(self.args.use_peft)?;
-        if self.servers.on_servers() && !self.rollout.tools.is_empty() {
+        if self.servers.on_servers() && self.rollout.multi_turn() {
             return bad(
-                "[[tools]] run in rlft's own rollouts, not on rollout_servers yet; remove \
-                 rollout_servers (or the tools)"
+                "[[tools]] and [environment] run in rlft's own rollouts, not on rollout_servers \
+                 yet; remove rollout_servers (or the tools and the environment)"
                     .into(),
             );
         }
