@@ -83,6 +83,28 @@ pub enum RewardError {
 }
 
 impl RewardError {
+    /// The message without the reward's name, for a process that serves something else (a
+    /// tool, an environment), whose caller names it.
+    pub fn detail(&self) -> String {
+        match self {
+            RewardError::Timeout {
+                seconds, detail, ..
+            } => format!(
+                "no answer within {seconds} s ({detail}); raise `timeout_s` if it is just slow"
+            ),
+            RewardError::Row {
+                sample, message, ..
+            } => format!("sample {sample}: {message}"),
+            RewardError::Set(message)
+            | RewardError::Config { message, .. }
+            | RewardError::Process { message, .. }
+            | RewardError::Protocol { message, .. }
+            | RewardError::Http { message, .. }
+            | RewardError::Python { message, .. }
+            | RewardError::Output { message, .. } => message.clone(),
+        }
+    }
+
     /// The name of the reward function the error belongs to, if it belongs to one.
     pub fn reward(&self) -> Option<&str> {
         match self {

@@ -258,7 +258,7 @@ fn extra_lines_and_early_exit_are_errors() {
         .unwrap_err()
         .to_string();
     assert!(
-        msg.contains("printed a line between batches") && msg.contains("`2"),
+        msg.contains("printed a line when no answer was due") && msg.contains("`2"),
         "{msg}"
     );
 

@@ -119,9 +119,9 @@ impl Environment {
     /// Validates `spec`; the process starts on the first request.
     pub fn new(spec: &EnvironmentSpec) -> Result<Self, EnvError> {
         let bad = |m: &str| EnvError::Config(m.to_string());
-        if !(spec.timeout_s.is_finite() && spec.timeout_s > 0.0) {
+        if !(spec.timeout_s > 0.0 && spec.timeout_s < 1e9) {
             return Err(EnvError::Config(format!(
-                "timeout_s must be > 0 (got {})",
+                "timeout_s must be a positive number of seconds below 1e9 (got {})",
                 spec.timeout_s
             )));
         }
@@ -149,7 +149,7 @@ impl Environment {
                     "command",
                     spec.timeout_s,
                 )
-                .map_err(|e| EnvError::Config(e.to_string()))?;
+                .map_err(|e| EnvError::Config(e.detail()))?;
                 Transport::Command(Mutex::new(p.named("environment", "requests")))
             }
             EnvironmentKind::Http => {
@@ -198,7 +198,7 @@ impl Environment {
         let what = || format!("step of episode {episode}");
         let answer = self.request(&req, &what)?;
         let Value::Object(o) = &answer else {
-            return Err(failed(&what, "the answer is not an object".into(), &answer));
+            return Err(failed(&what, "not an object".into(), &answer));
         };
         let observation = observation(o.get("observation").unwrap_or(&Value::Null))
             .map_err(|m| failed(&what, m, &answer))?;
@@ -252,7 +252,7 @@ impl Environment {
                 }
                 r.map_err(|e| EnvError::Failed {
                     request: what(),
-                    message: e.to_string(),
+                    message: e.detail(),
                 })?
             }
             Transport::Http {

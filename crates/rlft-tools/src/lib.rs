@@ -231,9 +231,9 @@ fn build(spec: &ToolSpec) -> Result<Tool, ToolError> {
             "`name` must be a non-empty identifier (letters, digits, `_`, `-`, `.`)".into(),
         ));
     }
-    if !(spec.timeout_s.is_finite() && spec.timeout_s > 0.0) {
+    if !(spec.timeout_s > 0.0 && spec.timeout_s < 1e9) {
         return Err(bad(format!(
-            "timeout_s must be > 0 (got {})",
+            "timeout_s must be a positive number of seconds below 1e9 (got {})",
             spec.timeout_s
         )));
     }
@@ -363,7 +363,7 @@ fn command_call(p: &mut Process, call: &ToolCall) -> ToolAnswer {
     let result = p
         .send(line, 1)
         .and_then(|deadline| p.next_line(deadline, 0, 1))
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.detail())
         .and_then(|l| answer(&l));
     match result {
         Ok(a) => a,

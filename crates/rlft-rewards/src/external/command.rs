@@ -44,7 +44,8 @@ pub struct CommandReward {
 pub struct Process {
     reward: String,
     /// What the process is and what it answers, for messages: ("reward", "samples").
-    noun: (&'static str, &'static str),
+    /// What the process is, what it answers, one answer's unit, one request's unit.
+    noun: (&'static str, &'static str, &'static str, &'static str),
     argv: Vec<String>,
     /// How messages name the process.
     shown: String,
@@ -152,7 +153,7 @@ impl Process {
     ) -> Result<Self, RewardError> {
         Ok(Process {
             timeout: timeout(&reward, timeout_s)?,
-            noun: ("reward", "samples"),
+            noun: ("reward", "samples", "sample", "batch"),
             reward,
             argv,
             shown,
@@ -203,7 +204,7 @@ impl Process {
     /// The same process named in messages as a `what` answering `units` (a tool answering
     /// calls) instead of a reward answering samples.
     pub fn named(mut self, what: &'static str, units: &'static str) -> Self {
-        self.noun = (what, units);
+        self.noun = (what, units, "request", "request");
         self
     }
 
@@ -254,9 +255,10 @@ impl Process {
                 Ok(Line::Text(line)) if line.trim().is_empty() => {}
                 Ok(Line::Text(line)) => {
                     return Err(self.protocol(format!(
-                        "the process printed a line between batches, when no answer was due: `{}`; \
-                         print exactly one answer per sample on stdout and send logs to stderr",
-                        excerpt(&line, 200)
+                        "the process printed a line when no answer was due: `{}`; print exactly \
+                         one answer per {} on stdout and send logs to stderr",
+                        excerpt(&line, 200),
+                        self.noun.2
                     )))
                 }
                 Ok(Line::Failed(message)) => return Err(self.protocol(message)),
@@ -301,8 +303,8 @@ impl Process {
                         seconds: self.timeout_s,
                         detail: format!(
                             "process {} answered {answered} of {n} {}; it was killed and starts \
-                             again on the next batch",
-                            self.shown, self.noun.1
+                             again on the next {}",
+                            self.shown, self.noun.1, self.noun.3
                         ),
                     });
                 }

@@ -184,3 +184,176 @@ fn a_template_without_tools_is_refused_with_the_fix() {
         "{e}"
     );
 }
+
+/// A guessing environment: `reset` says `Guess.` (with argv `seeded`: `Guess k.`, k from the
+/// seed, so episodes start apart); a step of `68` is rewarded 1 and done, any other action
+/// gets 0 and `No, not <action>.`.
+const GUESS: &str = r#"
+import json, sys
+seeded = sys.argv[1:] == ["seeded"]
+for line in sys.stdin:
+    r = json.loads(line)
+    if r["method"] == "reset":
+        answer = {"observation": "Guess %d." % (r["seed"] % 7) if seeded else "Guess."}
+    elif r["method"] == "step":
+        right = r["action"] == "68"
+        answer = {"observation": None if right else "No, not %s." % r["action"],
+                  "reward": 1.0 if right else 0.0, "done": right}
+    else:
+        answer = {}
+    print(json.dumps(answer), flush=True)
+"#;
+
+fn guessing(dir: &std::path::Path, max_turns: Option<usize>, seeded: bool) -> Turns {
+    let script = dir.join("guess.py");
+    std::fs::write(&script, GUESS).unwrap();
+    let mut command = vec!["python3".to_string(), script.display().to_string()];
+    command.extend(seeded.then(|| "seeded".to_string()));
+    let spec = EnvironmentSpec {
+        kind: rlft_tools::environment::EnvironmentKind::Command,
+        command,
+        url: None,
+        timeout_s: 30.0,
+        max_turns,
+    };
+    Turns::new(&[], None, Some(&spec), &text())
+        .unwrap()
+        .unwrap()
+}
+
+fn one_prompt(text: &TextBundle) -> Vec<PromptItem> {
+    let ds = rlft_data::Dataset::from_rows(vec![json!({"prompt": "17 * (18 - 14)?"})]).unwrap();
+    let format = PromptFormat {
+        column: "prompt",
+        system_prompt: None,
+        tools: None,
+    };
+    build_prompts(&ds, text, format, 10_000, LengthPolicy::Drop)
+        .unwrap()
+        .0
+}
+
+/// A scripted episode: the first observation extends the prompt, each step's observation is a
+/// user turn between the model's (exact ids, masked), the rewards add up, and an episode ends
+/// when the environment says done, at `max_turns`, or with a turn cut at the budget (which the
+/// environment still plays).
+#[test]
+fn scripted_episodes_give_exact_ids_masks_and_rewards() {
+    let (text, dir) = (text(), tempfile::tempdir().unwrap());
+    let turns = guessing(dir.path(), Some(2), false);
+    let items = one_prompt(&text);
+    let episodes = turns.start_episodes(&text, &items, &[0], 4, 7).unwrap();
+    // Every episode starts alike: one prompt, shared, prefilled once for the group.
+    let first = super::episodes::first_turn(&items, &[0], 4, &episodes);
+    assert_eq!((first.contexts.len(), first.n), (1, 4));
+    let prompt = episodes[0].prompt.clone().unwrap();
+    assert!(prompt.text.ends_with(
+        "17 * (18 - 14)?<|im_end|>\n<|im_start|>user\nGuess.<|im_end|>\n<|im_start|>assistant\n"
+    ));
+    assert_eq!(first.contexts[0], prompt.ids);
+    let mut samples: Vec<Sample> = ["12", "68", "1234", "1"]
+        .iter()
+        .map(|a| {
+            let mut s = first_turn(0, ids(&text, a, *a != "1234"));
+            s.truncated = *a == "1234";
+            s.episode_prompt = Some(prompt.clone());
+            s
+        })
+        .collect();
+    let mut requests = Vec::new();
+    let mut gen = |r: &GenerateRequest| -> Result<Vec<Completion>> {
+        requests.push(r.clone());
+        let script = ["68", "2"];
+        Ok((0..r.prompts.len())
+            .map(|k| {
+                let token_ids = ids(&text, script[k], true);
+                Completion {
+                    prompt_index: k,
+                    sample_index: 0,
+                    logprobs: vec![0.0; token_ids.len()],
+                    token_ids,
+                    text: String::new(),
+                    finish_reason: FinishReason::Stop,
+                }
+            })
+            .collect())
+    };
+    let ids_of: Vec<String> = episodes.iter().map(|e| e.id.clone()).collect();
+    let s = settings(4096);
+    continue_turns(&mut samples, &items, &turns, &text, &s, &ids_of, &mut gen).unwrap();
+    turns.close(&episodes).unwrap();
+    // One round: episodes 0 and 3 went on, from the episode's prompt and what they said.
+    assert_eq!(requests.len(), 1);
+    let between = ids(
+        &text,
+        "\n<|im_start|>user\nNo, not 12.<|im_end|>\n<|im_start|>assistant\n",
+        false,
+    );
+    let turn1 = ids(&text, "12", true);
+    assert_eq!(
+        requests[0].prompts[0],
+        [&prompt.ids[..], &turn1, &between].concat()
+    );
+    // Episode 0: wrong, told so (masked), right: reward 0 + 1, done after 2 steps.
+    let want = [turn1.clone(), between.clone(), ids(&text, "68", true)].concat();
+    assert_eq!(samples[0].completion_ids, want);
+    let t = samples[0].turns.as_ref().unwrap();
+    let mask = [vec![true; 3], vec![false; between.len()], vec![true; 3]].concat();
+    assert_eq!(t.mask, mask);
+    assert_eq!(
+        (t.steps, t.environment_reward, t.done),
+        (2, Some(1.0), true)
+    );
+    assert_eq!(samples[0].text, "12\n68");
+    assert!(t.transcript.contains("No, not 12."));
+    // Episode 1: right at once; nothing inserted.
+    let t = samples[1].turns.as_ref().unwrap();
+    assert_eq!(
+        (t.steps, t.environment_reward, t.done),
+        (1, Some(1.0), true)
+    );
+    assert_eq!(samples[1].completion_ids, ids(&text, "68", true));
+    // Episode 2: cut at the budget, played once, over.
+    let t = samples[2].turns.as_ref().unwrap();
+    assert_eq!(
+        (t.steps, t.environment_reward, t.done),
+        (1, Some(0.0), false)
+    );
+    assert_eq!(samples[2].completion_ids, ids(&text, "1234", false));
+    // Episode 3: wrong twice; max_turns = 2 ends it without the second observation.
+    let t = samples[3].turns.as_ref().unwrap();
+    assert_eq!(
+        (t.steps, t.environment_reward, t.done),
+        (2, Some(0.0), false)
+    );
+    assert!(samples[3].text.ends_with("1\n2"));
+    assert!(t.transcript.ends_with("2"));
+}
+
+/// Episodes whose first observations differ get one context each, every episode its own id
+/// and seed; ids stay unique across rollouts.
+#[test]
+fn episodes_that_start_apart_get_their_own_contexts() {
+    let (text, dir) = (text(), tempfile::tempdir().unwrap());
+    let turns = guessing(dir.path(), None, true);
+    let items = one_prompt(&text);
+    let episodes = turns.start_episodes(&text, &items, &[0, 0], 3, 11).unwrap();
+    let first = super::episodes::first_turn(&items, &[0, 0], 3, &episodes);
+    assert_eq!((first.contexts.len(), first.n), (6, 1));
+    for (e, ctx) in episodes.iter().zip(&first.contexts) {
+        assert_eq!(&e.prompt.as_ref().unwrap().ids, ctx);
+    }
+    let observed: Vec<String> = first
+        .contexts
+        .iter()
+        .map(|c| text.decode(c, false).unwrap())
+        .collect();
+    assert!(observed.iter().any(|o| o != &observed[0]), "{observed:?}");
+    let again = turns.start_episodes(&text, &items, &[0], 1, 11).unwrap();
+    let ids: std::collections::HashSet<&str> = episodes
+        .iter()
+        .chain(&again)
+        .map(|e| e.id.as_str())
+        .collect();
+    assert_eq!(ids.len(), 7);
+}
