@@ -162,7 +162,7 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
                 line["tool_failures"] = json!(t.map_or(0, |t| t.failures));
                 line["transcript"] = json!(t.map_or(&s.text, |t| &t.transcript));
             }
-            if turns.is_some_and(|t| t.has_environment()) {
+            if turns.as_ref().is_some_and(|t| t.has_environment()) {
                 let t = s.turns.as_ref();
                 line["environment_steps"] = json!(t.map_or(0, |t| t.steps));
                 line["environment_reward"] = json!(t.and_then(|t| t.environment_reward));
