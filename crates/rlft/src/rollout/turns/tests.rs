@@ -40,6 +40,18 @@ fn ids(text: &TextBundle, s: &str, eos: bool) -> Vec<u32> {
     v
 }
 
+/// Row `k`'s scripted next turn, ended by the model.
+fn ended(k: usize, token_ids: Vec<u32>) -> Completion {
+    Completion {
+        prompt_index: k,
+        sample_index: 0,
+        logprobs: vec![0.0; token_ids.len()],
+        token_ids,
+        text: String::new(),
+        finish_reason: FinishReason::Stop,
+    }
+}
+
 fn first_turn(prompt: usize, completion_ids: Vec<u32>) -> Sample {
     Sample::new(prompt, completion_ids, String::new(), false)
 }
@@ -83,14 +95,7 @@ fn scripted_transcript_gives_exact_ids_and_masks() {
         Ok(script
             .into_iter()
             .enumerate()
-            .map(|(k, token_ids)| Completion {
-                prompt_index: k,
-                sample_index: 0,
-                logprobs: vec![0.0; token_ids.len()],
-                token_ids,
-                text: String::new(),
-                finish_reason: FinishReason::Stop,
-            })
+            .map(|(k, token_ids)| ended(k, token_ids))
             .collect())
     };
     let s = settings(4096);
@@ -265,17 +270,7 @@ fn scripted_episodes_give_exact_ids_masks_and_rewards() {
         requests.push(r.clone());
         let script = ["68", "2"];
         Ok((0..r.prompts.len())
-            .map(|k| {
-                let token_ids = ids(&text, script[k], true);
-                Completion {
-                    prompt_index: k,
-                    sample_index: 0,
-                    logprobs: vec![0.0; token_ids.len()],
-                    token_ids,
-                    text: String::new(),
-                    finish_reason: FinishReason::Stop,
-                }
-            })
+            .map(|k| ended(k, ids(&text, script[k], true)))
             .collect())
     };
     let ids_of: Vec<String> = episodes.iter().map(|e| e.id.clone()).collect();
