@@ -24,7 +24,7 @@ use rlft::algo::loop_ref::{
     advantages_loop, grpo_loss_loop, multi_reward_advantages_loop, LoopLossInputs,
 };
 use rlft::algo::{
-    compute_advantages, grpo_loss, multi_reward_advantages, AdvantageConfig,
+    compute_advantages, grpo_loss, multi_reward_advantages, AdvantageConfig, GroupedRewards,
     ImportanceSamplingLevel, LossConfig, LossInputs, LossNormalizer, LossStats, LossType,
     MultiObjectiveAggregation, ScaleRewards,
 };
@@ -357,13 +357,18 @@ fn golden_multi_reward_advantages_match_trl() {
             "{} {} scale={} clamp={:?}",
             c.name, c.aggregation, cfg.scale, cfg.clamp
         );
+        let r = GroupedRewards {
+            per_function: &fs,
+            weights: &c.weights,
+            group_size: c.group_size,
+        };
         for (got, diff) in [
             (
-                multi_reward_advantages(&fs, &c.weights, c.group_size, c.aggregation, &cfg),
+                multi_reward_advantages(r, c.aggregation, &cfg),
                 &mut vec_diff,
             ),
             (
-                multi_reward_advantages_loop(&fs, &c.weights, c.group_size, c.aggregation, &cfg),
+                multi_reward_advantages_loop(r, c.aggregation, &cfg),
                 &mut loop_diff,
             ),
         ] {
@@ -398,9 +403,11 @@ fn golden_multi_reward_advantages_match_trl() {
     let opt: Vec<Option<f64>> = c.rewards.iter().copied().map(Some).collect();
     assert_eq!(
         multi_reward_advantages(
-            &[&opt],
-            &[1.0],
-            c.group_size,
+            GroupedRewards {
+                per_function: &[&opt],
+                weights: &[1.0],
+                group_size: c.group_size,
+            },
             MultiObjectiveAggregation::SumThenNormalize,
             &cfg
         ),

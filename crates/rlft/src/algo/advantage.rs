@@ -239,20 +239,30 @@ pub fn weighted_totals(per_function: &[&[Option<f64>]], weights: &[f64]) -> Vec<
 /// not pass [`AdvantageConfig::validate`] (configs are validated when they are loaded).
 pub fn compute_advantages(rewards: &[f64], group_size: usize, cfg: &AdvantageConfig) -> Advantages {
     let rewards: Vec<Option<f64>> = rewards.iter().copied().map(Some).collect();
-    multi_reward_advantages(
-        &[&rewards],
-        &[1.0],
+    let one = GroupedRewards {
+        per_function: &[&rewards],
+        weights: &[1.0],
         group_size,
-        MultiObjectiveAggregation::SumThenNormalize,
-        cfg,
-    )
+    };
+    multi_reward_advantages(one, MultiObjectiveAggregation::SumThenNormalize, cfg)
+}
+
+/// Several reward functions' rewards of groups of completions.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupedRewards<'a> {
+    /// `[K][num_groups * group_size]`, each in the group layout of [`compute_advantages`];
+    /// `None` where a function does not score a completion, scored values finite.
+    pub per_function: &'a [&'a [Option<f64>]],
+    /// `[K]` the functions' weights.
+    pub weights: &'a [f64],
+    /// Completions per group.
+    pub group_size: usize,
 }
 
 /// Group-relative advantages from several reward functions' rewards, `None` where a function
 /// does not score a completion (TRL `grpo_trainer.py:2756-2810`; module docs).
 ///
-/// - `per_function`: `[K][num_groups * group_size]`, each in the group layout of
-///   [`compute_advantages`]; scored values finite. `weights`: `[K]`.
+/// - `rewards`: [`GroupedRewards`], `K` functions.
 /// - returns [`Advantages`]; `group_mean` / `group_std` / `frac_zero_std` are of the weighted
 ///   totals ([`weighted_totals`]) in both aggregations.
 ///
@@ -264,12 +274,15 @@ pub fn compute_advantages(rewards: &[f64], group_size: usize, cfg: &AdvantageCon
 /// # Panics
 /// As [`compute_advantages`], and on ragged `per_function` or a weight count that differs.
 pub fn multi_reward_advantages(
-    per_function: &[&[Option<f64>]],
-    weights: &[f64],
-    group_size: usize,
+    rewards: GroupedRewards<'_>,
     aggregation: MultiObjectiveAggregation,
     cfg: &AdvantageConfig,
 ) -> Advantages {
+    let GroupedRewards {
+        per_function,
+        weights,
+        group_size,
+    } = rewards;
     assert!(group_size > 0, "group_size (num_generations) must be >= 1");
     let totals = weighted_totals(per_function, weights);
     assert!(

@@ -56,7 +56,7 @@ pub mod rloo_loss;
 pub mod value_loss;
 
 pub use advantage::{
-    compute_advantages, multi_reward_advantages, AdvantageConfig, Advantages,
+    compute_advantages, multi_reward_advantages, AdvantageConfig, Advantages, GroupedRewards,
     MultiObjectiveAggregation, ScaleRewards,
 };
 pub use estimators::{

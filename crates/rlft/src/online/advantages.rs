@@ -9,6 +9,7 @@ use rlft_rewards::Scores;
 
 use crate::algo::{
     compute_advantages, estimate, multi_reward_advantages, Estimate, Estimator, EstimatorInputs,
+    GroupedRewards,
 };
 use crate::config::online::OnlineConfig;
 use crate::error::Result;
@@ -126,10 +127,13 @@ pub fn estimate_rollout(
     let groups = if e.reward_clip_range.is_none() && e.missing_eos_penalty.is_none() {
         let per_function: Vec<&[Option<f64>]> =
             scores.per_function.iter().map(|f| &f.scores[..]).collect();
-        multi_reward_advantages(
-            &per_function,
+        let rewards = GroupedRewards {
+            per_function: &per_function,
             weights,
-            g,
+            group_size: g,
+        };
+        multi_reward_advantages(
+            rewards,
             cfg.multi_objective_aggregation,
             &cfg.advantage_config(),
         )

@@ -43,7 +43,7 @@ mod loss;
 
 pub use loss::{grpo_loss_loop, LoopLossInputs, LoopLossOutput};
 
-use super::advantage::{clamp_advantage, Advantages, ZERO_STD_ATOL};
+use super::advantage::{clamp_advantage, Advantages, GroupedRewards, ZERO_STD_ATOL};
 use super::{AdvantageConfig, MultiObjectiveAggregation, ScaleRewards};
 
 /// [`super::compute_advantages`] again, one reward at a time: each reward's group mean and std
@@ -113,12 +113,12 @@ fn nan_stats_loop(xs: &[Option<f64>]) -> (f64, f64) {
 /// completion needs is recomputed from the rewards with explicit loops.
 #[allow(clippy::needless_range_loop)] // indices as in the formulas, on purpose
 pub fn multi_reward_advantages_loop(
-    per_function: &[&[Option<f64>]],
-    weights: &[f64],
-    group_size: usize,
+    rewards: GroupedRewards<'_>,
     aggregation: MultiObjectiveAggregation,
     cfg: &AdvantageConfig,
 ) -> Advantages {
+    let (per_function, weights) = (rewards.per_function, rewards.weights);
+    let group_size = rewards.group_size;
     let n = per_function[0].len();
     assert!(group_size > 0 && n.is_multiple_of(group_size));
     let num_groups = n / group_size;

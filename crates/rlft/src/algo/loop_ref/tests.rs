@@ -1,7 +1,7 @@
 use super::*;
 use crate::algo::{
-    compute_advantages, grpo_loss, multi_reward_advantages, ImportanceSamplingLevel, LossConfig,
-    LossInputs, LossNormalizer, LossStats, LossType,
+    compute_advantages, grpo_loss, multi_reward_advantages, GroupedRewards,
+    ImportanceSamplingLevel, LossConfig, LossInputs, LossNormalizer, LossStats, LossType,
 };
 use candle_core::{DType, Device, Tensor, Var};
 
@@ -121,8 +121,13 @@ fn multi_reward_advantages_loop_equals_vectorised() {
                         clamp,
                     };
                     let what = format!("{agg} {scale} g={g} clamp={clamp:?}");
-                    let v = multi_reward_advantages(&fs, &[1.0, 0.5], g, agg, &cfg);
-                    let l = multi_reward_advantages_loop(&fs, &[1.0, 0.5], g, agg, &cfg);
+                    let r = GroupedRewards {
+                        per_function: &fs,
+                        weights: &[1.0, 0.5],
+                        group_size: g,
+                    };
+                    let v = multi_reward_advantages(r, agg, &cfg);
+                    let l = multi_reward_advantages_loop(r, agg, &cfg);
                     assert_eq!(v.frac_zero_std, l.frac_zero_std, "{what}");
                     for i in 0..g {
                         assert_eq!(v.values[i], 0.0, "{what}: unscorable row {i}");

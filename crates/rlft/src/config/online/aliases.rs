@@ -16,45 +16,26 @@ use crate::config::ConfigError;
 
 /// Other frameworks' names accepted as aliases: (alias, canonical key, meaning). LightRFT's and
 /// OpenRLHF's, then TRL PPO's.
+#[rustfmt::skip]
 pub const ALIASES: &[(&str, &str, &str)] = &[
-    (
-        "n_samples_per_prompt",
-        "num_generations",
-        "completions per prompt",
-    ),
-    (
-        "micro_train_batch_size",
-        "per_device_train_batch_size",
-        "completions per micro-batch",
-    ),
-    ("init_kl_coef", "beta", "KL coefficient"),
-    ("prompt_max_len", "max_prompt_length", "prompt tokens"),
-    ("generate_max_len", "max_completion_length", "new tokens"),
-    ("actor_learning_rate", "learning_rate", "learning rate"),
-    (
-        "num_episodes",
-        "num_train_epochs",
-        "passes over the prompts",
-    ),
-    ("max_epochs", "num_iterations", "passes over each rollout"),
-    ("eps_clip", "epsilon", "clip range"),
-    ("advantage_clamp", "advantage_clip", "advantage clamp"),
-    ("kl_coef", "beta", "KL coefficient"),
-    ("cliprange", "epsilon", "policy clip range"),
-    (
-        "num_ppo_epochs",
-        "num_iterations",
-        "passes over each rollout",
-    ),
-    ("response_length", "max_completion_length", "new tokens"),
-    ("lambd", "lam", "GAE lambda"),
-    ("critic_pretrain", "value_model", "critic initialisation"),
-    ("value_clip", "cliprange_value", "value clip range"),
-    (
-        "dynamic_filtering",
-        "dynamic_sampling",
-        "drop groups without signal",
-    ),
+    ("n_samples_per_prompt",   "num_generations",             "completions per prompt"),
+    ("micro_train_batch_size", "per_device_train_batch_size", "completions per micro-batch"),
+    ("init_kl_coef",           "beta",                        "KL coefficient"),
+    ("prompt_max_len",         "max_prompt_length",           "prompt tokens"),
+    ("generate_max_len",       "max_completion_length",       "new tokens"),
+    ("actor_learning_rate",    "learning_rate",               "learning rate"),
+    ("num_episodes",           "num_train_epochs",            "passes over the prompts"),
+    ("max_epochs",             "num_iterations",              "passes over each rollout"),
+    ("eps_clip",               "epsilon",                     "clip range"),
+    ("advantage_clamp",        "advantage_clip",              "advantage clamp"),
+    ("kl_coef",                "beta",                        "KL coefficient"),
+    ("cliprange",              "epsilon",                     "policy clip range"),
+    ("num_ppo_epochs",         "num_iterations",              "passes over each rollout"),
+    ("response_length",        "max_completion_length",       "new tokens"),
+    ("lambd",                  "lam",                         "GAE lambda"),
+    ("critic_pretrain",        "value_model",                 "critic initialisation"),
+    ("value_clip",             "cliprange_value",             "value clip range"),
+    ("dynamic_filtering",      "dynamic_sampling",            "drop groups without signal"),
 ];
 
 /// Aliases whose value converts: (alias, what it sets).
