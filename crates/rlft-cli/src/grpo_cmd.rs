@@ -156,16 +156,17 @@ pub fn run_eval(a: EvalArgs) -> Result<()> {
                     "completion_tokens": s.completion_ids.len(),
                     "truncated": s.truncated,
             });
-            if turns.is_some() {
+            if let Some(turns) = &turns {
                 let t = s.turns.as_ref();
-                line["tool_calls"] = json!(t.map_or(0, |t| t.calls));
-                line["tool_failures"] = json!(t.map_or(0, |t| t.failures));
                 line["transcript"] = json!(t.map_or(&s.text, |t| &t.transcript));
-            }
-            if turns.as_ref().is_some_and(|t| t.has_environment()) {
-                let t = s.turns.as_ref();
-                line["environment_steps"] = json!(t.map_or(0, |t| t.steps));
-                line["environment_reward"] = json!(t.and_then(|t| t.environment_reward));
+                if turns.has_tools() {
+                    line["tool_calls"] = json!(t.map_or(0, |t| t.calls));
+                    line["tool_failures"] = json!(t.map_or(0, |t| t.failures));
+                }
+                if turns.has_environment() {
+                    line["environment_steps"] = json!(t.map_or(0, |t| t.steps));
+                    line["environment_reward"] = json!(t.and_then(|t| t.environment_reward));
+                }
             }
             out.push_str(&line.to_string());
             out.push('\n');
