@@ -171,51 +171,76 @@ impl Turns {
         if let Some(t) = self.tools.as_ref().filter(|_| ended) {
             let calls = t.format.parse(&text.decode(body, false)?);
             if !calls.is_empty() {
-                if t.max_iterations.is_some_and(|m| p.tool_rounds >= m) {
-                    return Ok(None);
-                }
-                p.tool_rounds += 1;
-                let answers: Vec<(String, ToolAnswer)> = calls
-                    .into_iter()
-                    .map(|c| match c {
-                        Ok(call) => (call.name.clone(), t.tools.call(&call)),
-                        Err(why) => (
-                            String::new(),
-                            ToolAnswer {
-                                content: format!("error: malformed tool call: {why}"),
-                                failed: true,
-                            },
-                        ),
-                    })
-                    .collect();
-                trace.calls += answers.len();
-                trace.failures += answers.iter().filter(|(_, a)| a.failed).count();
-                let messages = answers.into_iter().map(|(name, a)| {
-                    let mut m = Message::new("tool", a.content.as_str());
-                    m.extra.insert("name".into(), Value::String(name));
-                    m
-                });
-                return Ok(Some(messages.collect()));
+                return Ok(t.answer(calls, p, trace));
             }
         }
-        let (Some(env), Some(id)) = (&self.environment, episode) else {
-            return Ok(None);
-        };
-        if trace.done || env.max_turns().is_some_and(|m| trace.steps >= m) {
-            return Ok(None);
+        match (&self.environment, episode) {
+            (Some(env), Some(id)) => step(env, id, &text.decode(body, true)?, ended, trace),
+            _ => Ok(None),
         }
-        let step = env.step(id, &text.decode(body, true)?)?;
-        trace.steps += 1;
-        if let Some(r) = step.reward {
-            trace.environment_reward = Some(trace.environment_reward.unwrap_or(0.0) + r);
-        }
-        trace.done = step.done;
-        let last = step.done || !ended || env.max_turns().is_some_and(|m| trace.steps >= m);
-        Ok(step
-            .observation
-            .filter(|_| !last)
-            .map(|o| vec![Message::user(o)]))
     }
+}
+
+impl Tools {
+    /// The answers to a turn's `calls` as `tool` messages; `None` past the iteration limit.
+    fn answer(
+        &self,
+        calls: Vec<std::result::Result<rlft_tools::ToolCall, String>>,
+        p: &mut Progress,
+        trace: &mut TurnTrace,
+    ) -> Option<Vec<Message>> {
+        if self.max_iterations.is_some_and(|m| p.tool_rounds >= m) {
+            return None;
+        }
+        p.tool_rounds += 1;
+        let answers: Vec<(String, ToolAnswer)> = calls
+            .into_iter()
+            .map(|c| match c {
+                Ok(call) => (call.name.clone(), self.tools.call(&call)),
+                Err(why) => (
+                    String::new(),
+                    ToolAnswer {
+                        content: format!("error: malformed tool call: {why}"),
+                        failed: true,
+                    },
+                ),
+            })
+            .collect();
+        trace.calls += answers.len();
+        trace.failures += answers.iter().filter(|(_, a)| a.failed).count();
+        let messages = answers.into_iter().map(|(name, a)| {
+            let mut m = Message::new("tool", a.content.as_str());
+            m.extra.insert("name".into(), Value::String(name));
+            m
+        });
+        Some(messages.collect())
+    }
+}
+
+/// Plays `action` in episode `id` of `env`: the observation as a user message, or `None` when
+/// the episode is over (done, no observation, `max_turns`, or a turn that did not end).
+fn step(
+    env: &Environment,
+    id: &str,
+    action: &str,
+    ended: bool,
+    trace: &mut TurnTrace,
+) -> Result<Option<Vec<Message>>> {
+    let limit = |steps: usize| env.max_turns().is_some_and(|m| steps >= m);
+    if trace.done || limit(trace.steps) {
+        return Ok(None);
+    }
+    let step = env.step(id, action)?;
+    trace.steps += 1;
+    if let Some(r) = step.reward {
+        trace.environment_reward = Some(trace.environment_reward.unwrap_or(0.0) + r);
+    }
+    trace.done = step.done;
+    let last = step.done || !ended || limit(trace.steps);
+    Ok(step
+        .observation
+        .filter(|_| !last)
+        .map(|o| vec![Message::user(o)]))
 }
 
 /// The model's own turns of a completion, decoded one by one and joined by newlines: what the
