@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// (measured in `docs/kernels.md`). A call from inside the pool runs `f` where it is.
 ///
 /// While `f` runs, the pool's other workers do not park between loops: each runs
-/// `keep_awake` (the jobs of the pool as they come, spinning in between) until `f` returns,
-/// as OpenMP's threads spin for a "block time" after a parallel region. A parked worker has
+/// `keep_awake` (the jobs of the pool as they come, spinning in between) until `f` returns or
+/// no job came for 20 ms, as OpenMP's threads spin for a "block time" after a parallel region. A parked worker has
 /// to be woken (a futex call, an interrupt to a halted CPU), and on a virtual machine the
 /// host gives an idle CPU away, which the spinning avoids (docs/kernels.md). One call spins at
 /// a time (two whose spinners each waited on the other's `f` would never finish); a concurrent
@@ -93,16 +93,27 @@ impl Drop for StopOnDrop<'_> {
 
 /// Runs the pool's jobs on this worker until `stop`, never parking: between jobs it spins,
 /// and every [`YIELD_EVERY`] empty rounds offers the core to any other runnable thread
-/// (`sched_yield`; candle's own elementwise workers share the cores).
+/// (`sched_yield`; candle's own elementwise workers share the cores). After [`IDLE_LIMIT`]
+/// without a job it returns, as OpenMP's threads sleep after their block time: a worker may
+/// take this job while it waits inside another job (when several threads call [`on_pool`] at
+/// once), and spinning there until `stop` would hold that job, which the call that set `stop`
+/// may be waiting on.
 fn keep_awake(stop: &AtomicBool) {
     let mut idle = 0u32;
+    let mut idle_since = std::time::Instant::now();
     while !stop.load(Ordering::Acquire) {
         if let Some(rayon::Yield::Executed) = rayon::yield_now() {
             idle = 0;
             continue;
         }
+        if idle == 0 {
+            idle_since = std::time::Instant::now();
+        }
         idle = idle.wrapping_add(1);
         if idle.is_multiple_of(YIELD_EVERY) {
+            if idle_since.elapsed() > IDLE_LIMIT {
+                return;
+            }
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
@@ -112,6 +123,10 @@ fn keep_awake(stop: &AtomicBool) {
 
 /// Empty rounds of [`keep_awake`] between two `sched_yield`s.
 const YIELD_EVERY: u32 = 64;
+
+/// How long [`keep_awake`] spins without a job before it returns: far longer than the gaps
+/// between the parallel loops of a step, which the spinning is for.
+const IDLE_LIMIT: std::time::Duration = std::time::Duration::from_millis(20);
 
 #[cfg(test)]
 mod tests {
