@@ -23,7 +23,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use rlft_rewards::external::command::Process;
-use rlft_rewards::http_client::{parse_url, HttpError, Url};
+
+use crate::endpoint::Endpoint;
+use rlft_rewards::http_client::parse_url;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -100,18 +102,9 @@ pub struct StepResult {
     pub done: bool,
 }
 
-enum Transport {
-    Command(Mutex<Process>),
-    Http {
-        endpoint: Url,
-        url: String,
-        timeout: Duration,
-    },
-}
-
 /// A running (or not yet started) environment.
 pub struct Environment {
-    transport: Transport,
+    transport: Endpoint,
     max_turns: Option<usize>,
 }
 
@@ -150,7 +143,7 @@ impl Environment {
                     spec.timeout_s,
                 )
                 .map_err(|e| EnvError::Config(e.detail()))?;
-                Transport::Command(Mutex::new(p.named("environment", "requests")))
+                Endpoint::Command(Mutex::new(p.named("environment", "requests")))
             }
             EnvironmentKind::Http => {
                 if !spec.command.is_empty() {
@@ -162,7 +155,7 @@ impl Environment {
                         "`url` is missing, e.g. url = \"http://127.0.0.1:8000/env\"",
                     ));
                 }
-                Transport::Http {
+                Endpoint::Http {
                     endpoint: parse_url(&url).map_err(EnvError::Config)?,
                     url,
                     timeout: Duration::from_secs_f64(spec.timeout_s),
@@ -241,43 +234,13 @@ impl Environment {
 
     fn request(&self, req: &Value, what: &dyn Fn() -> String) -> Result<Value, EnvError> {
         let body = serde_json::to_vec(req).expect("JSON values serialise");
-        let text = match &self.transport {
-            Transport::Command(p) => {
-                let mut p = p.lock().unwrap_or_else(|e| e.into_inner());
-                let mut line = body;
-                line.push(b'\n');
-                let r = p.send(line, 1).and_then(|d| p.next_line(d, 0, 1));
-                if r.is_err() {
-                    p.reset(); // the next request starts a fresh process
-                }
-                r.map_err(|e| EnvError::Failed {
-                    request: what(),
-                    message: e.detail(),
-                })?
-            }
-            Transport::Http {
-                endpoint,
-                url,
-                timeout,
-            } => {
-                let message = match endpoint.request("POST", Some(&body), *timeout) {
-                    Ok(r) => match r.ok() {
-                        Ok(b) => Ok(String::from_utf8_lossy(&b).into_owned()),
-                        Err(m) => Err(format!("POST {url}: {m}")),
-                    },
-                    Err(HttpError::Timeout { stage }) => Err(format!(
-                        "POST {url}: no answer within {} s (while {stage}); raise timeout_s if \
-                         the environment is slow",
-                        timeout.as_secs_f64()
-                    )),
-                    Err(HttpError::Failed(m)) => Err(format!("POST {url}: {m}")),
-                };
-                message.map_err(|message| EnvError::Failed {
-                    request: what(),
-                    message,
-                })?
-            }
-        };
+        let text = self
+            .transport
+            .exchange(body)
+            .map_err(|message| EnvError::Failed {
+                request: what(),
+                message,
+            })?;
         serde_json::from_str(text.trim()).map_err(|e| EnvError::Failed {
             request: what(),
             message: format!(

@@ -16,14 +16,16 @@
 //! external environment (`[environment]`).
 
 pub mod calculator;
+mod endpoint;
 pub mod environment;
 pub mod parse;
 
 use std::sync::Mutex;
 use std::time::Duration;
 
+use endpoint::Endpoint;
 use rlft_rewards::external::command::Process;
-use rlft_rewards::http_client::{parse_url, HttpError, Url};
+use rlft_rewards::http_client::parse_url;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -142,12 +144,7 @@ impl ToolAnswer {
 
 enum Runner {
     Calculator,
-    Command(Mutex<Process>),
-    Http {
-        endpoint: Url,
-        url: String,
-        timeout: Duration,
-    },
+    External(Box<Endpoint>),
 }
 
 struct Tool {
@@ -203,15 +200,7 @@ impl ToolBox {
         };
         match &tool.runner {
             Runner::Calculator => calculate(&call.arguments),
-            Runner::Command(process) => {
-                let mut p = process.lock().unwrap_or_else(|e| e.into_inner());
-                command_call(&mut p, call)
-            }
-            Runner::Http {
-                endpoint,
-                url,
-                timeout,
-            } => http_call(endpoint, url, *timeout, call),
+            Runner::External(endpoint) => external_call(endpoint, call),
         }
     }
 }
@@ -285,7 +274,9 @@ fn build(spec: &ToolSpec) -> Result<Tool, ToolError> {
             let argv = spec.command.clone();
             let p = Process::new(name.clone(), argv, shown, "command", spec.timeout_s)
                 .map_err(|e| bad(e.to_string()))?;
-            Runner::Command(Mutex::new(p.named("tool", "calls")))
+            Runner::External(Box::new(Endpoint::Command(Mutex::new(
+                p.named("tool", "calls"),
+            ))))
         }
         ToolKind::Http => {
             let url = spec.url.as_deref().unwrap_or("").trim().to_string();
@@ -295,11 +286,11 @@ fn build(spec: &ToolSpec) -> Result<Tool, ToolError> {
                 ));
             }
             let endpoint = parse_url(&url).map_err(bad)?;
-            Runner::Http {
+            Runner::External(Box::new(Endpoint::Http {
                 endpoint,
                 url,
                 timeout: Duration::from_secs_f64(spec.timeout_s),
-            }
+            }))
         }
     };
     let schema = json!({"type": "function", "function": {
@@ -357,36 +348,10 @@ fn answer(text: &str) -> Result<ToolAnswer, String> {
     })
 }
 
-fn command_call(p: &mut Process, call: &ToolCall) -> ToolAnswer {
-    let mut line = request(call);
-    line.push(b'\n');
-    let result = p
-        .send(line, 1)
-        .and_then(|deadline| p.next_line(deadline, 0, 1))
-        .map_err(|e| e.detail())
-        .and_then(|l| answer(&l));
-    match result {
-        Ok(a) => a,
-        Err(e) => {
-            p.reset(); // the next call starts a fresh process
-            ToolAnswer::failed(e)
-        }
-    }
-}
-
-fn http_call(endpoint: &Url, url: &str, timeout: Duration, call: &ToolCall) -> ToolAnswer {
-    let response = match endpoint.request("POST", Some(&request(call)), timeout) {
-        Ok(r) => r,
-        Err(HttpError::Timeout { stage }) => {
-            return ToolAnswer::failed(format!(
-                "POST {url}: no answer within {} s (while {stage})",
-                timeout.as_secs_f64()
-            ))
-        }
-        Err(HttpError::Failed(m)) => return ToolAnswer::failed(format!("POST {url}: {m}")),
-    };
-    match response.ok() {
-        Ok(body) => answer(&String::from_utf8_lossy(&body)).unwrap_or_else(ToolAnswer::failed),
-        Err(m) => ToolAnswer::failed(format!("POST {url}: {m}")),
-    }
+fn external_call(endpoint: &Endpoint, call: &ToolCall) -> ToolAnswer {
+    let result = endpoint.exchange(request(call)).and_then(|l| answer(&l));
+    result.unwrap_or_else(|e| {
+        endpoint.reset(); // the next call starts a fresh process
+        ToolAnswer::failed(e)
+    })
 }
