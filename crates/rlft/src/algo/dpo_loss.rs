@@ -128,45 +128,44 @@ impl Default for DpoLossConfig {
     }
 }
 
-/// The summed completion log-probs of `n` pairs, each `[n]` of one float dtype. The policy's
-/// are differentiable; the reference's are treated as constants.
+/// One `[n]` tensor for the chosen and one for the rejected completions of `n` pairs.
+#[derive(Debug, Clone, Copy)]
+pub struct ChosenRejected<'a> {
+    /// `[n]` of the chosen completions.
+    pub chosen: &'a Tensor,
+    /// `[n]` of the rejected completions.
+    pub rejected: &'a Tensor,
+}
+
+/// The summed completion log-probs of `n` pairs, each `[n]` of one float dtype (TRL's
+/// `chosen_logps`, `rejected_logps`, `ref_chosen_logps`, `ref_rejected_logps`).
 #[derive(Debug, Clone, Copy)]
 pub struct DpoLogps<'a> {
-    /// `[n]` policy log-prob of each chosen completion.
-    pub policy_chosen: &'a Tensor,
-    /// `[n]` policy log-prob of each rejected completion.
-    pub policy_rejected: &'a Tensor,
-    /// `[n]` reference log-prob of each chosen completion.
-    pub ref_chosen: &'a Tensor,
-    /// `[n]` reference log-prob of each rejected completion.
-    pub ref_rejected: &'a Tensor,
-    /// `[n]` token counts of the chosen completions: needed by `sigmoid_norm` and `sft`; `ipo`
-    /// divides by them when given (TRL's `DPOTrainer`) and uses the plain sums without
-    /// (TRL's `OnlineDPOTrainer`).
-    pub chosen_lens: Option<&'a Tensor>,
-    /// `[n]` token counts of the rejected completions (as `chosen_lens`).
-    pub rejected_lens: Option<&'a Tensor>,
+    /// The policy's log-probs: differentiable.
+    pub policy: ChosenRejected<'a>,
+    /// The reference's log-probs: treated as constants.
+    pub reference: ChosenRejected<'a>,
+    /// The completions' token counts: needed by `sigmoid_norm` and `sft`; `ipo` divides by them
+    /// when given (TRL's `DPOTrainer`) and uses the plain sums without (TRL's
+    /// `OnlineDPOTrainer`).
+    pub lens: Option<ChosenRejected<'a>>,
 }
 
 impl<'a> DpoLogps<'a> {
     /// The four log-prob sums of `n` pairs, without lengths (TRL's `OnlineDPOTrainer`).
     pub fn sums(policy: (&'a Tensor, &'a Tensor), reference: (&'a Tensor, &'a Tensor)) -> Self {
+        let pair = |(chosen, rejected)| ChosenRejected { chosen, rejected };
         DpoLogps {
-            policy_chosen: policy.0,
-            policy_rejected: policy.1,
-            ref_chosen: reference.0,
-            ref_rejected: reference.1,
-            chosen_lens: None,
-            rejected_lens: None,
+            policy: pair(policy),
+            reference: pair(reference),
+            lens: None,
         }
     }
 
     /// These sums with the pairs' token counts (TRL's `DPOTrainer`).
     pub fn with_lens(self, chosen: &'a Tensor, rejected: &'a Tensor) -> Self {
-        let (chosen_lens, rejected_lens) = (Some(chosen), Some(rejected));
         DpoLogps {
-            chosen_lens,
-            rejected_lens,
+            lens: Some(ChosenRejected { chosen, rejected }),
             ..self
         }
     }
@@ -215,13 +214,11 @@ fn one_loss(
     let d = (c - r)?;
     let bd = (&d * b)?;
     let lens = || -> Result<(Tensor, Tensor)> {
-        match (x.chosen_lens, x.rejected_lens) {
-            (Some(lc), Some(lr)) => {
-                let f = |l: &Tensor| l.to_dtype(c.dtype())?.clamp(1.0, f64::INFINITY);
-                Ok((f(lc)?, f(lr)?))
-            }
-            _ => bail!("dpo_loss: loss_type `{t}` needs the completion lengths"),
-        }
+        let Some(l) = x.lens else {
+            bail!("dpo_loss: loss_type `{t}` needs the completion lengths")
+        };
+        let f = |l: &Tensor| l.to_dtype(c.dtype())?.clamp(1.0, f64::INFINITY);
+        Ok((f(l.chosen)?, f(l.rejected)?))
     };
     let aot = |delta: Tensor| -> Result<Tensor> {
         let bx = (delta * b)?;
@@ -231,9 +228,9 @@ fn one_loss(
         DpoLossType::Sigmoid => log_sigmoid(&bd)?.neg(),
         DpoLossType::Hinge => (1.0 - bd)?.relu(),
         DpoLossType::Ipo => {
-            let delta = match (x.chosen_lens, x.rejected_lens) {
-                (None, None) => d,
-                _ => {
+            let delta = match x.lens {
+                None => d,
+                Some(_) => {
                     let (lc, lr) = lens()?;
                     ((c / lc)? - (r / lr)?)?
                 }
@@ -264,8 +261,8 @@ fn one_loss(
             w + (r + 0.5 / b)?.sqr()?
         }
         DpoLossType::Aot => {
-            let pol = (x.policy_chosen - x.policy_rejected)?;
-            let refr = (x.ref_chosen - x.ref_rejected)?.to_dtype(pol.dtype())?;
+            let pol = (x.policy.chosen - x.policy.rejected)?;
+            let refr = (x.reference.chosen - x.reference.rejected)?.to_dtype(pol.dtype())?;
             aot((sorted(&pol)? - sorted(&refr)?)?)
         }
         DpoLossType::AotUnpaired => aot((sorted(c)? - sorted(r)?)?),
@@ -287,7 +284,7 @@ fn one_loss(
             let (lc, _) = lens()?;
             let n = c.dim(0)? as f64;
             let total = lc.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-            (x.policy_chosen * (-n / total))?.to_dtype(c.dtype())
+            (x.policy.chosen * (-n / total))?.to_dtype(c.dtype())
         }
         DpoLossType::SigmoidNorm => {
             let (lc, lr) = lens()?;
@@ -301,11 +298,11 @@ fn one_loss(
 /// implicit rewards. All four log-prob tensors are `[n]`, `n >= 1`, of one float dtype
 /// (the reference ones are cast to the policy's).
 pub fn dpo_loss(x: &DpoLogps<'_>, cfg: &DpoLossConfig) -> Result<DpoLossOutput> {
-    let n = x.policy_chosen.dims1()?;
+    let n = x.policy.chosen.dims1()?;
     for (name, t) in [
-        ("policy_rejected", x.policy_rejected),
-        ("ref_chosen", x.ref_chosen),
-        ("ref_rejected", x.ref_rejected),
+        ("policy rejected", x.policy.rejected),
+        ("reference chosen", x.reference.chosen),
+        ("reference rejected", x.reference.rejected),
     ] {
         if t.dims() != [n] {
             bail!("dpo_loss: {name} is {:?}, expected [{n}]", t.dims());
@@ -314,9 +311,9 @@ pub fn dpo_loss(x: &DpoLogps<'_>, cfg: &DpoLossConfig) -> Result<DpoLossOutput> 
     if n == 0 || cfg.losses.is_empty() {
         bail!("dpo_loss: no pairs or no loss_type");
     }
-    let dtype = x.policy_chosen.dtype();
-    let c = (x.policy_chosen - x.ref_chosen.detach().to_dtype(dtype)?)?;
-    let r = (x.policy_rejected - x.ref_rejected.detach().to_dtype(dtype)?)?;
+    let dtype = x.policy.chosen.dtype();
+    let c = (x.policy.chosen - x.reference.chosen.detach().to_dtype(dtype)?)?;
+    let r = (x.policy.rejected - x.reference.rejected.detach().to_dtype(dtype)?)?;
     let mut total: Option<Tensor> = None;
     for &(t, w) in &cfg.losses {
         let l = (one_loss(t, cfg, x, &c, &r)? * w)?;
