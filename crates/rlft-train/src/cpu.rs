@@ -12,6 +12,8 @@ use candle_core::{CpuStorage, DType, InplaceOp1, Layout, Storage, Tensor};
 use half::{bf16, f16};
 use rlft_kernels::simd_fn;
 
+use crate::adamw::precision::{join, round_bf16, split};
+
 /// Elements per parallel task: 64 KiB of f32 per stream, large enough to amortise scheduling,
 /// small enough to balance 8k tasks over the cores for a 135M-parameter model.
 pub(crate) const CHUNK: usize = 16 * 1024;
@@ -22,6 +24,12 @@ pub(crate) trait Elem: Copy + Send + Sync {
     fn to_f32(self) -> f32;
     /// Rounds an f32 to this type (round-to-nearest-even).
     fn from_f32(x: f32) -> Self;
+    /// Rounds an f32 master weight to this type: as `from_f32`, but half away from zero for
+    /// bf16 (`adamw::precision`: what lets the split master reproduce the f32 one).
+    #[inline(always)]
+    fn from_master(x: f32) -> Self {
+        Self::from_f32(x)
+    }
 }
 
 impl Elem for f32 {
@@ -43,6 +51,10 @@ impl Elem for bf16 {
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
         bf16::from_f32(x)
+    }
+    #[inline(always)]
+    fn from_master(x: f32) -> Self {
+        round_bf16(x)
     }
 }
 
@@ -265,7 +277,7 @@ simd_fn! {
                 let wi;
                 (wi, m[i], v[i]) = adamw_one(w[i], m[i], v[i], g[i].to_f32(), k);
                 w[i] = wi;
-                p[i] = P::from_f32(wi);
+                p[i] = P::from_master(wi);
             }};
         }
         // As `adamw_chunk`: a line of each stream at a time, the next ones requested ahead.
@@ -283,6 +295,46 @@ simd_fn! {
         }
         for i in i0..n {
             one!(i);
+        }
+    }
+}
+
+simd_fn! {
+    /// [`adamw_master_chunk`] with the master kept as the bf16 parameters `p` plus their low
+    /// halves `lo` (`adamw::precision::split`): the same `p`, `m`, `v` bit for bit.
+    pub(crate) fn adamw_split_chunk<G: Elem>(
+        p: &mut [bf16],
+        lo: &mut [bf16],
+        m: &mut [f32],
+        v: &mut [f32],
+        g: &[G],
+        k: &AdamWCoefs,
+    ) {
+        let n = p.len();
+        let (lo, m, v, g) = (&mut lo[..n], &mut m[..n], &mut v[..n], &g[..n]);
+        for i in 0..n {
+            let wi;
+            (wi, m[i], v[i]) = adamw_one(join(p[i], lo[i]), m[i], v[i], g[i].to_f32(), k);
+            (p[i], lo[i]) = split(wi);
+        }
+    }
+}
+
+simd_fn! {
+    /// AdamW on low-precision parameters `p` with moments `m`, `v` of the same type and no
+    /// master (PyTorch's fused kernel: each element in f32, the results rounded to nearest even).
+    pub(crate) fn adamw_lowp_chunk<P: Elem, G: Elem>(
+        p: &mut [P],
+        m: &mut [P],
+        v: &mut [P],
+        g: &[G],
+        k: &AdamWCoefs,
+    ) {
+        let n = p.len();
+        let (m, v, g) = (&mut m[..n], &mut v[..n], &g[..n]);
+        for i in 0..n {
+            let (pi, mi, vi) = adamw_one(p[i].to_f32(), m[i].to_f32(), v[i].to_f32(), g[i].to_f32(), k);
+            (p[i], m[i], v[i]) = (P::from_f32(pi), P::from_f32(mi), P::from_f32(vi));
         }
     }
 }

@@ -29,6 +29,9 @@ pub enum TrainError {
     /// An LR schedule or warmup that cannot be built as written.
     #[error("lr schedule: {0}")]
     Schedule(String),
+    /// An optimizer precision that these parameters or this device cannot use.
+    #[error("optimizer precision: {0}")]
+    Precision(String),
     /// Optimizer state being loaded does not fit the optimizer.
     #[error("optimizer state: {0}")]
     State(String),

@@ -5,8 +5,9 @@
 //!
 //! - [`adamw`]: [`AdamW`] with PyTorch's semantics and parameter groups ([`ParamGroup`]: vars +
 //!   lr multiplier + weight decay); a reference kernel in candle tensor ops and a fused,
-//!   multi-threaded in-place CPU kernel ([`AdamWKernel`]); f32 state (and f32 master weights for
-//!   bf16/f16 parameters); state as named tensors for checkpoints.
+//!   multi-threaded in-place CPU kernel ([`AdamWKernel`]); f32 state and master weights for
+//!   bf16/f16 parameters, the master in 2 bytes beside a bf16 parameter, or PyTorch's state in
+//!   the parameter's dtype ([`AdamWPrecision`]); state as named tensors for checkpoints.
 //! - [`clip`]: [`clip_grad_norm`], global L2 norm clipping (`clip_grad_norm_`), reporting a
 //!   non-finite norm instead of poisoning the gradients.
 //! - [`schedule`]: [`LrScheduler`] / [`LrSchedule`] / [`Warmup`], transformers' schedules as
@@ -32,7 +33,7 @@ pub mod error;
 pub mod schedule;
 
 pub use accumulate::GradAccumulator;
-pub use adamw::{AdamW, AdamWConfig, AdamWKernel, ParamGroup};
+pub use adamw::{AdamW, AdamWConfig, AdamWKernel, AdamWPrecision, ParamGroup};
 pub use clip::{clip_grad_norm, global_grad_norm, ClipOutcome};
 pub use error::{Result, TrainError};
 pub use schedule::{LrSchedule, LrScheduler, Warmup};

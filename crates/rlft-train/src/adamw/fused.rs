@@ -5,21 +5,26 @@
 //! candle's tensor ops need ~12 passes and fresh allocations for the same update.
 
 use candle_core::{DType, Storage, Tensor};
+use half::bf16;
 use rayon::prelude::*;
 
-use super::{ParamState, StepScalars};
+use super::{Master, ParamState, StepScalars};
 use crate::cpu::{
-    adamw_chunk, adamw_master_chunk, f32_slice_mut, float_slice, float_slice_mut, is_fusable,
-    on_cpu_path, with_cpu_mut, AdamWCoefs, Elem, FloatSlice, FloatSliceMut, CHUNK,
+    adamw_chunk, adamw_lowp_chunk, adamw_master_chunk, adamw_split_chunk, f32_slice_mut,
+    float_slice, float_slice_mut, is_fusable, on_cpu_path, with_cpu_mut, AdamWCoefs, Elem,
+    FloatSlice, FloatSliceMut, CHUNK,
 };
 use crate::error::{Result, TrainError};
 
 /// Whether [`update`] handles this parameter: CPU, contiguous f32/bf16/f16 parameter, f32
-/// state, f32/bf16/f16 gradient on the CPU (any layout).
+/// moments or moments of the parameter's dtype, f32/bf16/f16 gradient on the CPU (any layout).
 pub(super) fn can_update(st: &ParamState, grad: &Tensor) -> bool {
     let cpu_grad =
         on_cpu_path(grad) && matches!(grad.dtype(), DType::F32 | DType::BF16 | DType::F16);
-    is_fusable(st.var.as_tensor()) && cpu_grad && st.exp_avg.dtype() == DType::F32
+    let moments = st.exp_avg.dtype();
+    is_fusable(st.var.as_tensor())
+        && cpu_grad
+        && (moments == DType::F32 || moments == st.var.dtype())
 }
 
 /// Applies the update of `st` with `grad` in place; the caller checked [`can_update`] and made
@@ -54,6 +59,9 @@ pub(super) fn update(st: &ParamState, grad: &Tensor, sc: &StepScalars) -> Result
             g.len()
         )));
     }
+    if st.exp_avg.dtype() != DType::F32 {
+        return lowp_params(st, &g, &k);
+    }
     with_cpu_mut(&st.exp_avg, |ms, ml| {
         with_cpu_mut(&st.exp_avg_sq, |vs, vl| {
             let m = f32_slice_mut(ms, ml)?;
@@ -66,7 +74,7 @@ pub(super) fn update(st: &ParamState, grad: &Tensor, sc: &StepScalars) -> Result
                     }
                     _ => candle_core::bail!("rlft-train: f32 parameter expected"),
                 }),
-                Some(master) => with_cpu_mut(master, |ws, wl| {
+                Some(Master::F32(master)) => with_cpu_mut(master, |ws, wl| {
                     let w = f32_slice_mut(ws, wl)?;
                     with_cpu_mut(var, |ps, pl| match float_slice_mut(ps, pl) {
                         Some(FloatSliceMut::BF16(p)) => master_params(w, p, m, v, &g, &k),
@@ -74,10 +82,100 @@ pub(super) fn update(st: &ParamState, grad: &Tensor, sc: &StepScalars) -> Result
                         _ => candle_core::bail!("rlft-train: bf16/f16 parameter expected"),
                     })
                 }),
+                Some(Master::Low(low)) => with_cpu_mut(low, |ls, ll| {
+                    let Some(FloatSliceMut::BF16(lo)) = float_slice_mut(ls, ll) else {
+                        candle_core::bail!("rlft-train: contiguous low halves expected")
+                    };
+                    with_cpu_mut(var, |ps, pl| match float_slice_mut(ps, pl) {
+                        Some(FloatSliceMut::BF16(p)) => {
+                            split_params(p, lo, m, v, &g, &k);
+                            Ok(())
+                        }
+                        _ => candle_core::bail!("rlft-train: bf16 parameter expected"),
+                    })
+                }),
             }
         })
     })?;
     Ok(())
+}
+
+/// Parameters whose moments are of their own dtype (`ParamDtype`), bf16 or f16.
+fn lowp_params(st: &ParamState, g: &FloatSlice, k: &AdamWCoefs) -> Result<()> {
+    with_cpu_mut(&st.exp_avg, |ms, ml| {
+        with_cpu_mut(&st.exp_avg_sq, |vs, vl| {
+            with_cpu_mut(st.var.as_tensor(), |ps, pl| {
+                let (m, v, p) = (
+                    float_slice_mut(ms, ml),
+                    float_slice_mut(vs, vl),
+                    float_slice_mut(ps, pl),
+                );
+                match (p, m, v) {
+                    (
+                        Some(FloatSliceMut::BF16(p)),
+                        Some(FloatSliceMut::BF16(m)),
+                        Some(FloatSliceMut::BF16(v)),
+                    ) => lowp_typed(p, m, v, g, k),
+                    (
+                        Some(FloatSliceMut::F16(p)),
+                        Some(FloatSliceMut::F16(m)),
+                        Some(FloatSliceMut::F16(v)),
+                    ) => lowp_typed(p, m, v, g, k),
+                    _ => {
+                        candle_core::bail!("rlft-train: moments of the parameter's dtype expected")
+                    }
+                }
+                Ok(())
+            })
+        })
+    })?;
+    Ok(())
+}
+
+fn lowp_typed<P: Elem>(p: &mut [P], m: &mut [P], v: &mut [P], g: &FloatSlice, k: &AdamWCoefs) {
+    fn run<P: Elem, G: Elem>(p: &mut [P], m: &mut [P], v: &mut [P], g: &[G], k: &AdamWCoefs) {
+        p.par_chunks_mut(CHUNK)
+            .zip(m.par_chunks_mut(CHUNK))
+            .zip(v.par_chunks_mut(CHUNK))
+            .zip(g.par_chunks(CHUNK))
+            .for_each(|(((p, m), v), g)| adamw_lowp_chunk(p, m, v, g, k));
+    }
+    match g {
+        FloatSlice::F32(g) => run(p, m, v, g, k),
+        FloatSlice::BF16(g) => run(p, m, v, g, k),
+        FloatSlice::F16(g) => run(p, m, v, g, k),
+    }
+}
+
+/// bf16 parameters with the split master (their low halves `lo`).
+fn split_params(
+    p: &mut [bf16],
+    lo: &mut [bf16],
+    m: &mut [f32],
+    v: &mut [f32],
+    g: &FloatSlice,
+    k: &AdamWCoefs,
+) {
+    fn run<G: Elem>(
+        p: &mut [bf16],
+        lo: &mut [bf16],
+        m: &mut [f32],
+        v: &mut [f32],
+        g: &[G],
+        k: &AdamWCoefs,
+    ) {
+        p.par_chunks_mut(CHUNK)
+            .zip(lo.par_chunks_mut(CHUNK))
+            .zip(m.par_chunks_mut(CHUNK))
+            .zip(v.par_chunks_mut(CHUNK))
+            .zip(g.par_chunks(CHUNK))
+            .for_each(|((((p, lo), m), v), g)| adamw_split_chunk(p, lo, m, v, g, k));
+    }
+    match g {
+        FloatSlice::F32(g) => run(p, lo, m, v, g, k),
+        FloatSlice::BF16(g) => run(p, lo, m, v, g, k),
+        FloatSlice::F16(g) => run(p, lo, m, v, g, k),
+    }
 }
 
 /// f32 parameters: dispatches on the gradient's type, then runs the chunks in parallel.

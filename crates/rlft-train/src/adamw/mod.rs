@@ -22,11 +22,13 @@
 //! Checkpoints: [`AdamW::state_tensors`] / [`AdamW::load_state_tensors`], named like PyTorch's
 //! `state_dict()["state"]` (`state.{i}.exp_avg`, ...; see `state.rs`).
 //!
-//! **Precision.** `m` and `v` are f32 (f64 for f64 parameters). For bf16/f16 parameters the
-//! optimizer also keeps an f32 master copy of the weights: the update is applied to the master and
-//! the parameter receives its round-to-nearest value, so updates smaller than a bf16 ulp are not
-//! lost (PyTorch would keep bf16 state and update bf16 weights directly). The master is made from
-//! the parameter on its first step; after loading new weights into the vars mid-run, call
+//! **Precision** ([`AdamWPrecision`], `precision.rs`). By default `m` and `v` are f32 (f64 for
+//! f64 parameters), and bf16/f16 parameters also get an f32 master copy of the weights: the
+//! update is applied to the master and the parameter receives its rounding, so updates smaller
+//! than a bf16 ulp are not lost. `SplitMaster` keeps that master in 2 bytes beside a bf16
+//! parameter with the same results bit for bit; `ParamDtype` is PyTorch's AdamW on the
+//! parameter (moments in its dtype, no master). The master is made from the parameter on its
+//! first step; after loading new weights into the vars mid-run, call
 //! [`AdamW::sync_master_from_params`].
 //!
 //! Simplified: no `amsgrad`, `maximize` or `capturable`; hyperparameters other than `lr` and
@@ -35,7 +37,10 @@
 #![warn(missing_docs)]
 
 mod fused;
+pub(crate) mod precision;
 mod state;
+
+pub use precision::AdamWPrecision;
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, TensorId, Var};
@@ -187,24 +192,34 @@ struct GroupOptions {
     weight_decay: f64,
 }
 
-/// Per-parameter state: PyTorch's `step`, `exp_avg`, `exp_avg_sq`, plus the f32 master weights
-/// of low-precision parameters.
+/// The master weights of a bf16/f16 parameter.
+#[derive(Debug)]
+enum Master {
+    /// An f32 copy.
+    F32(Tensor),
+    /// The low halves of the f32 master beside a bf16 parameter (`precision::split`), 16 bits
+    /// each in a bf16 tensor.
+    Low(Tensor),
+}
+
+/// Per-parameter state: PyTorch's `step`, `exp_avg`, `exp_avg_sq`, plus the master weights of
+/// low-precision parameters.
 #[derive(Debug)]
 struct ParamState {
     var: Var,
     group: usize,
     step: u64,
-    /// `m`, same shape as the parameter; f32 (f64 for f64 parameters).
+    /// `m`, same shape as the parameter, of [`moment_dtype`].
     exp_avg: Tensor,
     /// `v`, like `exp_avg`.
     exp_avg_sq: Tensor,
-    /// f32 copy of bf16/f16 weights, created on the first step.
-    master: Option<Tensor>,
+    /// Master weights of bf16/f16 parameters (not with `ParamDtype`), made on the first step.
+    master: Option<Master>,
 }
 
 impl ParamState {
-    fn new(var: Var, group: usize) -> Result<Self> {
-        let dtype = state_dtype(var.dtype());
+    fn new(var: Var, group: usize, precision: AdamWPrecision) -> Result<Self> {
+        let dtype = moment_dtype(var.dtype(), precision);
         let exp_avg = state_zeros(var.shape(), dtype, var.device())?;
         let exp_avg_sq = state_zeros(var.shape(), dtype, var.device())?;
         Ok(Self {
@@ -217,8 +232,19 @@ impl ParamState {
         })
     }
 
-    fn needs_master(&self) -> bool {
-        matches!(self.var.dtype(), DType::BF16 | DType::F16)
+    /// The master this parameter keeps under `precision`, made from the parameter: an exact
+    /// f32 copy, or zero low halves; `None` for f32/f64 parameters and `ParamDtype`.
+    fn new_master(&self, precision: AdamWPrecision) -> Result<Option<Master>> {
+        let t = self.var.as_tensor();
+        // Detached: a copy made from the var would otherwise record the op, and every later
+        // master (computed from it) would keep the whole chain of earlier ones.
+        Ok(match (self.var.dtype(), precision) {
+            (_, AdamWPrecision::ParamDtype) | (DType::F32 | DType::F64, _) => None,
+            (DType::BF16, AdamWPrecision::SplitMaster) => {
+                Some(Master::Low(t.zeros_like()?.detach()))
+            }
+            _ => Some(Master::F32(t.to_dtype(DType::F32)?.detach())),
+        })
     }
 }
 
@@ -254,12 +280,20 @@ fn state_zeros(
     })
 }
 
-/// Dtype of the moments (and master weights) of a parameter of dtype `d`.
-fn state_dtype(d: DType) -> DType {
+/// Dtype the update is computed in for a parameter of dtype `d`: f64 for f64, else f32.
+fn compute_dtype(d: DType) -> DType {
     if d == DType::F64 {
         DType::F64
     } else {
         DType::F32
+    }
+}
+
+/// Dtype of the moments of a parameter of dtype `d` under `precision`.
+fn moment_dtype(d: DType, precision: AdamWPrecision) -> DType {
+    match precision {
+        AdamWPrecision::ParamDtype => d,
+        _ => compute_dtype(d),
     }
 }
 
@@ -295,6 +329,7 @@ impl StepScalars {
 pub struct AdamW {
     cfg: AdamWConfig,
     kernel: AdamWKernel,
+    precision: AdamWPrecision,
     groups: Vec<GroupOptions>,
     /// One entry per var, groups in order, vars in group order (PyTorch's state index order).
     params: Vec<ParamState>,
@@ -335,12 +370,13 @@ impl AdamW {
                         var.dtype()
                     )));
                 }
-                params.push(ParamState::new(var, gi)?);
+                params.push(ParamState::new(var, gi, AdamWPrecision::default())?);
             }
         }
         Ok(Self {
             cfg,
             kernel: AdamWKernel::default(),
+            precision: AdamWPrecision::default(),
             groups: options,
             params,
         })
@@ -355,6 +391,38 @@ impl AdamW {
     /// The kernel in use.
     pub fn kernel(&self) -> AdamWKernel {
         self.kernel
+    }
+
+    /// Selects where the state is kept (default [`AdamWPrecision::F32Master`]); before the
+    /// first step. `SplitMaster` updates its bf16 parameters on the CPU only: elsewhere it is
+    /// refused with the alternatives.
+    pub fn with_precision(mut self, precision: AdamWPrecision) -> Result<Self> {
+        if self.params.iter().any(|p| p.step > 0) {
+            return Err(TrainError::Precision(
+                "the precision is chosen before the first step; build the optimizer again".into(),
+            ));
+        }
+        if precision == AdamWPrecision::SplitMaster {
+            let off_cpu = |p: &ParamState| p.var.dtype() == DType::BF16 && !p.var.device().is_cpu();
+            if self.params.iter().any(off_cpu) {
+                return Err(TrainError::Precision(
+                    "the split master (optim = \"adamw_exact\") runs on the CPU only in this \
+                     build; on a GPU use the f32 master (optim = \"adamw_f32_master\", the \
+                     default) or PyTorch's bf16 state (optim = \"adamw_torch\")"
+                        .into(),
+                ));
+            }
+        }
+        for p in &mut self.params {
+            *p = ParamState::new(p.var.clone(), p.group, precision)?;
+        }
+        self.precision = precision;
+        Ok(self)
+    }
+
+    /// Where the state is kept.
+    pub fn precision(&self) -> AdamWPrecision {
+        self.precision
     }
 
     /// The hyperparameters (`lr` is the current base lr).
@@ -411,10 +479,8 @@ impl AdamW {
         }
         for (index, _, _) in &work {
             let st = &mut self.params[*index];
-            if st.needs_master() && st.master.is_none() {
-                // Detached: a copy made from the var would otherwise record the op, and every
-                // later master (computed from it) would keep the whole chain of earlier ones.
-                st.master = Some(st.var.as_tensor().to_dtype(DType::F32)?.detach());
+            if st.master.is_none() {
+                st.master = st.new_master(self.precision)?;
             }
         }
         let fuse = |st: &ParamState, g: &Tensor| {
@@ -436,7 +502,7 @@ impl AdamW {
         Ok(())
     }
 
-    /// Forgets the f32 master copies of bf16/f16 parameters; they are re-made from the vars on
+    /// Forgets the master weights of bf16/f16 parameters; they are re-made from the vars on
     /// their next step. Call after writing new values into the vars (e.g. loading weights).
     pub fn sync_master_from_params(&mut self) {
         for st in &mut self.params {
@@ -445,16 +511,18 @@ impl AdamW {
     }
 }
 
-/// The update with candle tensor ops (allocating); `st.step` is not yet incremented.
+/// The update with candle tensor ops (allocating); `st.step` is not yet incremented. The maths
+/// is in f32 (f64 for f64 parameters) whatever the state's dtypes.
 fn reference_update(st: &mut ParamState, grad: &Tensor, sc: &StepScalars) -> Result<()> {
-    let dtype = st.exp_avg.dtype();
+    let dtype = compute_dtype(st.var.dtype());
     // A gradient straight from candle's backward can be tracked; moments made from it would keep
     // its graph (the forward's activations) alive.
     let g = grad.to_dtype(dtype)?.detach();
     // Detached: the update is not differentiated, and a tracked result would hold its inputs
     // (the previous master, the step) alive for as long as it lives, step after step.
     let p = match &st.master {
-        Some(w) => w.detach(),
+        Some(Master::F32(w)) => w.detach(),
+        Some(Master::Low(lo)) => host_join(st.var.as_tensor(), lo)?,
         None => st.var.as_tensor().to_dtype(dtype)?.detach(),
     };
     // Multiplying by exactly 1 changes nothing: skip the pass when there is no decay.
@@ -463,19 +531,51 @@ fn reference_update(st: &mut ParamState, grad: &Tensor, sc: &StepScalars) -> Res
     } else {
         p
     };
-    let m = (&st.exp_avg + ((&g - &st.exp_avg)? * sc.one_minus_beta1)?)?;
-    let v = ((&st.exp_avg_sq * sc.beta2)? + (g.sqr()? * (1.0 - sc.beta2))?)?;
+    let (m0, v0) = (st.exp_avg.to_dtype(dtype)?, st.exp_avg_sq.to_dtype(dtype)?);
+    let m = (&m0 + ((&g - &m0)? * sc.one_minus_beta1)?)?;
+    let v = ((&v0 * sc.beta2)? + (g.sqr()? * (1.0 - sc.beta2))?)?;
     let denom = ((v.sqrt()? / sc.bc2_sqrt)? + sc.eps)?;
     let p = (p - ((&m / &denom)? * sc.step_size)?)?;
-    st.exp_avg = m;
-    st.exp_avg_sq = v;
-    if st.master.is_some() {
-        st.var.set(&p.to_dtype(st.var.dtype())?)?;
-        st.master = Some(p);
-    } else {
-        st.var.set(&p)?;
+    st.exp_avg = m.to_dtype(st.exp_avg.dtype())?;
+    st.exp_avg_sq = v.to_dtype(st.exp_avg_sq.dtype())?;
+    match &mut st.master {
+        Some(Master::F32(w)) => {
+            st.var.set(&p.to_dtype(st.var.dtype())?)?;
+            *w = p;
+        }
+        Some(Master::Low(lo)) => {
+            let (hi, low) = host_split(&p)?;
+            st.var.set(&hi)?;
+            *lo = low;
+        }
+        None => st.var.set(&p.to_dtype(st.var.dtype())?)?,
     }
     Ok(())
+}
+
+/// The f32 masters of bf16 parameters `hi` with low halves `lo` (CPU tensors of one shape).
+fn host_join(hi: &Tensor, lo: &Tensor) -> Result<Tensor> {
+    let (h, l) = (host_bf16(hi)?, host_bf16(lo)?);
+    let w: Vec<f32> = h
+        .iter()
+        .zip(&l)
+        .map(|(&h, &l)| precision::join(h, l))
+        .collect();
+    Ok(Tensor::from_vec(w, hi.shape(), hi.device())?)
+}
+
+/// `(hi, lo)` of f32 masters `w` (a CPU tensor): the bf16 parameters and their low halves.
+fn host_split(w: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (shape, dev) = (w.shape().clone(), w.device().clone());
+    let w = w.flatten_all()?.to_vec1::<f32>()?;
+    let (hi, lo): (Vec<_>, Vec<_>) = w.into_iter().map(precision::split).unzip();
+    let hi = Tensor::from_vec(hi, &shape, &dev)?;
+    Ok((hi, Tensor::from_vec(lo, shape, &dev)?))
+}
+
+/// The elements of a bf16 tensor, in order.
+fn host_bf16(t: &Tensor) -> Result<Vec<half::bf16>> {
+    Ok(t.flatten_all()?.to_vec1::<half::bf16>()?)
 }
 
 impl candle_nn::Optimizer for AdamW {
@@ -536,7 +636,10 @@ mod tests {
             let st = &opt.params[0];
             assert_eq!(st.step, 3);
             assert_eq!(st.master.is_some(), dtype == DType::BF16);
-            for t in [Some(&st.exp_avg), Some(&st.exp_avg_sq), st.master.as_ref()]
+            let master = st.master.as_ref().map(|m| match m {
+                super::Master::F32(w) | super::Master::Low(w) => w,
+            });
+            for t in [Some(&st.exp_avg), Some(&st.exp_avg_sq), master]
                 .into_iter()
                 .flatten()
             {

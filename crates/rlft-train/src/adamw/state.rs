@@ -6,20 +6,26 @@
 //! | name                  | shape        | dtype                       |
 //! |-----------------------|--------------|-----------------------------|
 //! | `state.{i}.step`      | `[]`         | f64 (steps taken)           |
-//! | `state.{i}.exp_avg`   | param shape  | f32 (f64 for f64 params)    |
+//! | `state.{i}.exp_avg`   | param shape  | f32 (f64 for f64 params); the param's with `ParamDtype` |
 //! | `state.{i}.exp_avg_sq`| param shape  | like `exp_avg`              |
-//! | `state.{i}.master`    | param shape  | f32; bf16/f16 params only   |
+//! | `state.{i}.master`    | param shape  | f32; bf16/f16 params only, not with `SplitMaster` for bf16 or `ParamDtype` |
+//! | `state.{i}.master_low`| param shape  | bf16 (16 bits each, `precision::split`); bf16 params with `SplitMaster` |
 //!
 //! Hyperparameters are not saved: they come from the run's config, and the lr from the schedule.
+//! A state saved under one [`AdamWPrecision`] loads under another: the moments are converted,
+//! a master is converted to the other form or dropped, and one that is missing is made from the
+//! parameter.
 
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor};
 
-use super::{state_dtype, state_zeros, AdamW, ParamState};
+use super::{
+    host_join, host_split, moment_dtype, state_zeros, AdamW, AdamWPrecision, Master, ParamState,
+};
 use crate::error::{Result, TrainError};
 
-const FIELDS: [&str; 4] = ["step", "exp_avg", "exp_avg_sq", "master"];
+const FIELDS: [&str; 5] = ["step", "exp_avg", "exp_avg_sq", "master", "master_low"];
 
 impl AdamW {
     /// A snapshot of the state (copies, safe to keep while training continues), named as in the
@@ -46,8 +52,10 @@ impl AdamW {
             out.push((format!("state.{i}.step"), step));
             out.push((format!("state.{i}.exp_avg"), host(&st.exp_avg)?));
             out.push((format!("state.{i}.exp_avg_sq"), host(&st.exp_avg_sq)?));
-            if let Some(master) = &st.master {
-                out.push((format!("state.{i}.master"), host(master)?));
+            match &st.master {
+                Some(Master::F32(w)) => out.push((format!("state.{i}.master"), host(w)?)),
+                Some(Master::Low(lo)) => out.push((format!("state.{i}.master_low"), host(lo)?)),
+                None => {}
             }
         }
         Ok(out)
@@ -81,13 +89,23 @@ impl AdamW {
         }
         let mut restored = Vec::with_capacity(n);
         for (i, st) in self.params.iter().enumerate() {
-            restored.push(restore_one(i, st, tensors)?);
+            restored.push(restore_one(i, st, tensors, self.precision)?);
         }
         for (st, (step, m, v, master)) in self.params.iter_mut().zip(restored) {
             st.step = step;
             st.exp_avg = m;
             st.exp_avg_sq = v;
-            st.master = master;
+            st.master = match master {
+                // An f32 master saved for a split-master parameter: the parameter becomes its
+                // rounding (it was, but for the tie rule of another path) beside the low half.
+                Some(Restored::SplitFrom(w)) => {
+                    let (hi, lo) = host_split(&w)?;
+                    st.var.set(&hi)?;
+                    Some(Master::Low(lo))
+                }
+                Some(Restored::Ready(m)) => Some(m),
+                None => None,
+            };
         }
         Ok(())
     }
@@ -101,12 +119,23 @@ fn parse_name(name: &str) -> Option<(usize, &str)> {
     FIELDS.contains(&field).then_some((i, field))
 }
 
-type Restored = (u64, Tensor, Tensor, Option<Tensor>);
+/// A master read back: as it will be kept, or an f32 master to split beside the parameter.
+enum Restored {
+    Ready(Master),
+    SplitFrom(Tensor),
+}
+
+type RestoredState = (u64, Tensor, Tensor, Option<Restored>);
 
 /// The state of parameter `i` from `tensors`, validated against the var.
-fn restore_one(i: usize, st: &ParamState, tensors: &HashMap<String, Tensor>) -> Result<Restored> {
+fn restore_one(
+    i: usize,
+    st: &ParamState,
+    tensors: &HashMap<String, Tensor>,
+    precision: AdamWPrecision,
+) -> Result<RestoredState> {
     let get = |field: &str| tensors.get(&format!("state.{i}.{field}"));
-    let dtype = state_dtype(st.var.dtype());
+    let dtype = moment_dtype(st.var.dtype(), precision);
     let dev = st.var.device();
     let Some(step) = get("step") else {
         if let Some(field) = FIELDS[1..].iter().find(|f| get(f).is_some()) {
@@ -147,9 +176,22 @@ fn restore_one(i: usize, st: &ParamState, tensors: &HashMap<String, Tensor>) -> 
     };
     let m = load("exp_avg", dtype)?;
     let v = load("exp_avg_sq", dtype)?;
-    let master = match get("master") {
-        Some(_) if st.needs_master() => Some(load("master", DType::F32)?),
+    // The master as saved (f32), if any, whichever form it was saved in.
+    let saved = match (get("master"), get("master_low")) {
+        (Some(_), _) => Some(load("master", DType::F32)?),
+        (None, Some(_)) if st.var.dtype() == DType::BF16 => {
+            let lo = load("master_low", DType::BF16)?;
+            Some(host_join(
+                &st.var.as_tensor().to_device(&Device::Cpu)?,
+                &lo.to_device(&Device::Cpu)?,
+            )?)
+        }
         _ => None,
+    };
+    let master = match (st.new_master(precision)?, saved) {
+        (None, _) | (_, None) => None,
+        (Some(Master::F32(_)), Some(w)) => Some(Restored::Ready(Master::F32(w.to_device(dev)?))),
+        (Some(Master::Low(_)), Some(w)) => Some(Restored::SplitFrom(w)),
     };
     Ok((step as u64, m, v, master))
 }
