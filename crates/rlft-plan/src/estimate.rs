@@ -3,7 +3,7 @@
 
 use crate::formulas::{activations, generation, no_grad_pass, tensors, Activations, Sized};
 use crate::{count, Component, Critic, Environment, MicroBatch, Model, ModelDims};
-use crate::{Phase, PhaseTotal, Plan, PlanError, Run, Tuning};
+use crate::{OptimizerState, Phase, PhaseTotal, Plan, PlanError, Run, Tuning};
 
 /// Every phase.
 const ALL: &[Phase] = &Phase::ALL;
@@ -275,18 +275,40 @@ fn load_buffers(m: &Model, full: bool, weights: Sized, blocks: bool) -> (Sized, 
     (file, d)
 }
 
-/// AdamW's state of `m`'s trainable tensors (bf16 full fine-tuning: an f32 master copy; the
-/// moments) and its gradients: a micro-batch's and the accumulated sums, or one set for both.
+/// Bytes per trainable element of AdamW's moments (each) and master weights: f32 moments and
+/// no master unless the weights are bf16 (full fine-tuning), where `optimizer_state` decides.
+fn state_bytes(run: &Run) -> (u64, u64, &'static str) {
+    if !(matches!(run.tuning, Tuning::Full) && run.bf16) {
+        return (4, 0, "");
+    }
+    match run.optimizer_state {
+        OptimizerState::F32Master => (4, 4, "an f32 copy"),
+        OptimizerState::SplitMaster => (4, 2, "16-bit low halves"),
+        OptimizerState::Bf16Moments => (2, 0, ""),
+    }
+}
+
+/// AdamW's state of `m`'s trainable tensors (the moments; with bf16 full fine-tuning a master
+/// as `optimizer_state` says) and its gradients: a micro-batch's and the accumulated sums, or
+/// one set for both.
 fn optimizer(c: &mut Parts, run: &Run, m: &Model, critic: bool) {
     let full_bf16 = matches!(run.tuning, Tuning::Full) && run.bf16;
     let trainable = m.trainable_tensors(&run.tuning);
-    let (state, t) = (tensors(&trainable, 4), count_of(&trainable));
-    if full_bf16 {
-        let d = format!("AdamW's f32 copy of {t} bf16 params");
-        c.add(key(critic, "master"), state, d, AFTER_LOAD);
+    let (moment, master, what) = state_bytes(run);
+    let t = count_of(&trainable);
+    if master > 0 {
+        let d = format!("AdamW's master weights of {t} bf16 params: {what}");
+        c.add(
+            key(critic, "master"),
+            tensors(&trainable, master),
+            d,
+            AFTER_LOAD,
+        );
     }
     let of = when(critic, " (the policy's optimizer)");
-    let d = format!("AdamW m, v{of}: 2 x {t} x f32");
+    let dtype = if moment == 2 { "bf16" } else { "f32" };
+    let d = format!("AdamW m, v{of}: 2 x {t} x {dtype}");
+    let state = tensors(&trainable, moment);
     c.add(key(critic, "optimizer"), state + state, d, AFTER_LOAD);
     let grad = m.gradient_tensors(&run.tuning);
     let (tg, sums) = (count_of(&grad), tensors(&grad, 4));
@@ -305,12 +327,12 @@ fn optimizer(c: &mut Parts, run: &Run, m: &Model, critic: bool) {
 /// two buffers of the largest trainable tensor in f32.
 fn checkpoint(c: &mut Parts, run: &Run, m: &Model, critic: bool) {
     let trainable = m.trainable_tensors(&run.tuning);
-    // The moments, and with bf16 full fine-tuning the master weights.
-    let copies = 2 + u64::from(matches!(run.tuning, Tuning::Full) && run.bf16);
+    let (moment, master, _) = state_bytes(run);
     let largest = trainable.iter().copied().max().unwrap_or(0);
-    let size = Sized::times(largest * 4, 2) + tensors(&trainable, 4) * copies;
+    let size = Sized::times(largest * 4, 2) + tensors(&trainable, 2 * moment + master);
     let (t, its) = (count_of(&trainable), if critic { "its" } else { "the" });
-    let d = format!("a copy of {its} optimizer state ({copies} x {t} x f32) + write buffers");
+    let per = 2 * moment + master;
+    let d = format!("a copy of {its} optimizer state ({t} x {per} bytes) + write buffers");
     let key = key(critic, "checkpoint_buffers");
     c.add(key, size, d, &[Phase::Checkpoint]);
 }

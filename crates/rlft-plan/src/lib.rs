@@ -242,11 +242,26 @@ pub struct RewardScorer {
     pub tokens: usize,
 }
 
+/// Where AdamW keeps the state of bf16 weights (rlft's `optim`); f32 weights have f32 moments
+/// and no master under each.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub enum OptimizerState {
+    /// f32 moments and an f32 master copy: 12 bytes per parameter.
+    #[default]
+    F32Master,
+    /// f32 moments and the master's 16-bit low half: 10 bytes.
+    SplitMaster,
+    /// Moments in bf16, no master: 4 bytes.
+    Bf16Moments,
+}
+
 /// What a trainer declares of a run: its models, its passes and what it generates and scores.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Run {
     /// bf16 weights and activations (else f32).
     pub bf16: bool,
+    /// AdamW's state of bf16 weights.
+    pub optimizer_state: OptimizerState,
     /// Full fine-tuning or LoRA.
     pub tuning: Tuning,
     /// `per_device_train_batch_size`, in the trainer's unit.

@@ -228,6 +228,40 @@ fn full_fine_tuning_and_bf16() {
         ("gradients", P * 2 + P * 4),
     ];
     check(&plan(&bf16(plain(Tuning::Full, 2, 8))), &halved);
+    // AdamW's state of bf16 weights: the master as low halves, or bf16 moments and none.
+    let state = |s: OptimizerState| {
+        let p = plan(&Run {
+            optimizer_state: s,
+            ..bf16(plain(Tuning::Full, 2, 8))
+        });
+        (
+            p.bytes("master"),
+            p.bytes("optimizer"),
+            p.bytes("checkpoint_buffers"),
+        )
+    };
+    let buffers = 2 * 32_768 * 4;
+    assert_eq!(
+        state(OptimizerState::F32Master),
+        (P * 4, 2 * P * 4, buffers + P * 12)
+    );
+    assert_eq!(
+        state(OptimizerState::SplitMaster),
+        (P * 2, 2 * P * 4, buffers + P * 10)
+    );
+    assert_eq!(
+        state(OptimizerState::Bf16Moments),
+        (0, 2 * P * 2, buffers + P * 4)
+    );
+    // f32 weights: f32 moments and no master under each.
+    let f32_torch = plan(&Run {
+        optimizer_state: OptimizerState::Bf16Moments,
+        ..plain(Tuning::Full, 2, 8)
+    });
+    assert_eq!(
+        (f32_torch.bytes("master"), f32_torch.bytes("optimizer")),
+        (0, 2 * P * 4)
+    );
 }
 
 #[test]

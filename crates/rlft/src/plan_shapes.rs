@@ -6,7 +6,8 @@
 use std::path::Path;
 
 use rlft_plan::{
-    Change, Critic, Generation, LoraShape, MicroBatch, Model, Reference, RewardScorer, Run, Tuning,
+    Change, Critic, Generation, LoraShape, MicroBatch, Model, OptimizerState, Reference,
+    RewardScorer, Run, Tuning,
 };
 use rlft_text::TextBundle;
 
@@ -15,7 +16,7 @@ use crate::config::online::{OnlineConfig, PpoConfig, RlooConfig};
 use crate::config::online_dpo::OnlineDpoConfig;
 use crate::config::reward::RewardConfig;
 use crate::config::sft::SftConfig;
-use crate::config::{ConfigError, TrainerConfig, TrainingArgs};
+use crate::config::{ConfigError, Optim, TrainerConfig, TrainingArgs};
 use crate::plan_inputs::{self, Lengths, ModelReward, PlanInputError, EVAL_BATCH};
 use crate::trainers::Trainer;
 
@@ -110,6 +111,11 @@ impl PlanConfig {
         let b = a.per_device_train_batch_size;
         let mut run = Run {
             bf16: a.bf16,
+            optimizer_state: match a.optim {
+                Optim::AdamWF32Master => OptimizerState::F32Master,
+                Optim::AdamWExact => OptimizerState::SplitMaster,
+                Optim::AdamWTorch => OptimizerState::Bf16Moments,
+            },
             unit: "pairs",
             accumulation: a.gradient_accumulation_steps,
             gradient_checkpointing: a.gradient_checkpointing,
@@ -177,7 +183,8 @@ impl PlanConfig {
 
     /// The levers that lower the memory, in a fixed order (each may be empty): a smaller
     /// micro-batch with more accumulation, shared prompts, activation checkpointing, the other
-    /// precision, LoRA, no reference copy, shorter sequences; each lever's settings from the
+    /// precision, AdamW's state of bf16 weights, LoRA, no reference copy, shorter sequences; each
+    /// lever's settings from the
     /// mildest to the strongest.
     pub fn levers(&self, lengths: &Lengths) -> Vec<Vec<Change>> {
         let a = self.args();
@@ -275,6 +282,19 @@ impl PlanConfig {
             .into(),
             vec![format!("bf16={}", !a.bf16)],
         );
+        let mut state = Vec::new();
+        if a.bf16 && !a.use_peft && a.optim == Optim::AdamWF32Master {
+            state.push(keep(
+                "optim = \"adamw_exact\" (the same AdamW values, 2 bytes less per parameter; CPU only)".into(),
+                vec!["optim=adamw_exact".into()],
+            ));
+        }
+        if a.bf16 && !a.use_peft && a.optim != Optim::AdamWTorch {
+            state.push(alter(
+                "optim = \"adamw_torch\" (PyTorch's AdamW: bf16 moments, no master weights)".into(),
+                vec!["optim=adamw_torch".into()],
+            ));
+        }
         let lora = if a.use_peft {
             Vec::new()
         } else {
@@ -293,6 +313,7 @@ impl PlanConfig {
             share,
             checkpointing,
             vec![precision],
+            state,
             lora,
             reference,
             shorter,
@@ -457,8 +478,19 @@ mod tests {
             (vec![(2, 10, 10), (4, 4, 14)], 20)
         );
         let levers = full.levers(&l);
-        assert_eq!(levers[5][0].sets, ["precompute_ref_log_probs=true"]);
-        assert!(!levers[5][0].changes_training);
+        assert_eq!(levers[6][0].sets, ["precompute_ref_log_probs=true"]);
+        assert!(!levers[6][0].changes_training);
+        // AdamW's state is a lever of bf16 weights only: the split master keeps the training.
+        assert!(levers[4].is_empty());
+        let bf16 = dpo("use_peft = false\nbf16 = true").levers(&l);
+        let state: Vec<_> = bf16[4]
+            .iter()
+            .map(|c| (c.sets[0].as_str(), c.changes_training))
+            .collect();
+        assert_eq!(
+            state,
+            [("optim=adamw_exact", false), ("optim=adamw_torch", true)]
+        );
         assert!(levers
             .iter()
             .flatten()

@@ -202,6 +202,25 @@ fn bf16_weights_train_with_f32_loss_maths() {
     assert!(w.iter().all(|(_, v)| v.iter().all(|x| x.is_finite())));
 }
 
+/// AdamW's state of bf16 weights (`optim`): the split master trains to the f32 master's weights
+/// bit for bit, and each mode resumes exactly from its checkpoint.
+#[test]
+fn optim_modes_of_bf16_weights() {
+    let base = "bf16 = true\nmax_steps = 4\nsave_steps = 2";
+    let dir = tempfile::tempdir().unwrap();
+    let (_, w_master) = run(&config(dir.path(), base), &RunOptions::default());
+    for optim in ["adamw_exact", "adamw_torch"] {
+        let extra = format!("{base}\noptim = \"{optim}\"");
+        let [a, b] = common::tempdirs();
+        let full: OnlineConfig = config(a.path(), &extra);
+        let (_, w, _) = assert_resumes_exactly(&full, &config(b.path(), &extra), 2, optim);
+        if optim == "adamw_exact" {
+            assert_same_bits(&w_master, &w, "adamw_exact = adamw_f32_master");
+        }
+        assert!(w.iter().all(|(_, v)| v.iter().all(|x| x.is_finite())), "{optim}");
+    }
+}
+
 #[test]
 fn trl_colocate_default_trains_in_process() {
     // TRL's `use_vllm = true` with its default `vllm_mode = "colocate"`: rlft's in-process

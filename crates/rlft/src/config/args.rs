@@ -40,6 +40,37 @@ impl Default for LoraSettings {
     }
 }
 
+/// The optimizer and where it keeps its state (transformers' `optim`, with its names where one
+/// exists). All three are AdamW and give the same updates for f32 weights; they differ for bf16
+/// weights (`bf16 = true`) in bytes of state per trained parameter beyond the weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Optim {
+    /// f32 moments and an f32 master copy of bf16 weights, so updates below a bf16 ulp add up
+    /// (12 bytes).
+    #[default]
+    #[serde(rename = "adamw_f32_master")]
+    AdamWF32Master,
+    /// The same values bit for bit as `adamw_f32_master`, with the master kept as the bf16
+    /// weight plus a 16-bit low half (10 bytes). CPU only in this build.
+    #[serde(rename = "adamw_exact")]
+    AdamWExact,
+    /// PyTorch's AdamW on bf16 weights, as transformers' Trainer runs it: moments in bf16, no
+    /// master (4 bytes); updates below half a bf16 ulp are lost.
+    #[serde(rename = "adamw_torch", alias = "adamw_torch_fused")]
+    AdamWTorch,
+}
+
+impl Optim {
+    /// The optimizer's precision.
+    pub fn precision(self) -> rlft_train::AdamWPrecision {
+        match self {
+            Optim::AdamWF32Master => rlft_train::AdamWPrecision::F32Master,
+            Optim::AdamWExact => rlft_train::AdamWPrecision::SplitMaster,
+            Optim::AdamWTorch => rlft_train::AdamWPrecision::ParamDtype,
+        }
+    }
+}
+
 /// The learning-rate schedule after warmup (transformers' `lr_scheduler_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -126,6 +157,9 @@ pub struct TrainingArgs {
     pub adam_epsilon: f64,
     /// Global gradient-norm clip (0 = off).
     pub max_grad_norm: f64,
+    /// AdamW's state for bf16 weights: "adamw_f32_master" (default), "adamw_exact" (the same
+    /// values, 2 bytes less per parameter; CPU only) or "adamw_torch" (bf16 moments, no master).
+    pub optim: Optim,
     /// Rows (examples, completions, pairs) per micro-batch: one forward + backward.
     pub per_device_train_batch_size: usize,
     /// Micro-batches per optimiser step.
@@ -179,6 +213,7 @@ impl Default for TrainingArgs {
             adam_beta2: 0.999,
             adam_epsilon: 1e-8,
             max_grad_norm: 1.0,
+            optim: Optim::default(),
             per_device_train_batch_size: 8,
             gradient_accumulation_steps: 1,
             num_train_epochs: 3.0,

@@ -17,7 +17,9 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-pub use args::{lora_keys, training_keys, LoraSettings, LrSchedulerType, ReportTo, TrainingArgs};
+pub use args::{
+    lora_keys, training_keys, LoraSettings, LrSchedulerType, Optim, ReportTo, TrainingArgs,
+};
 pub use rollout::RolloutConfig;
 
 /// Config errors; each message says which key and how to fix it.

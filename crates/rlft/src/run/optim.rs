@@ -198,7 +198,8 @@ fn zero_grads(vars: &[Var]) -> Result<candle_core::backprop::GradStore> {
     Ok(grads)
 }
 
-/// AdamW over the trainable parameters (no decay on vectors: biases, norms).
+/// AdamW over the trainable parameters (no decay on vectors: biases, norms), keeping its state
+/// as `optim` says.
 pub fn optimizer(args: &TrainingArgs, vars: &[(String, Var)]) -> Result<AdamW, TrainError> {
     let groups = ParamGroup::split_decay(vars.iter().map(|(_, v)| v.clone()).collect());
     AdamW::new(
@@ -210,7 +211,8 @@ pub fn optimizer(args: &TrainingArgs, vars: &[(String, Var)]) -> Result<AdamW, T
             eps: args.adam_epsilon,
             weight_decay: args.weight_decay,
         },
-    )
+    )?
+    .with_precision(args.optim.precision())
 }
 
 /// The LR schedule of the settings.
