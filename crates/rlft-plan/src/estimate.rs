@@ -314,7 +314,13 @@ fn optimizer(c: &mut Parts, run: &Run, m: &Model, critic: bool) {
     let (tg, sums) = (count_of(&grad), tensors(&grad, 4));
     let (size, d) = if full_bf16 || run.accumulation > 1 {
         let (dtype, bytes) = if full_bf16 { ("bf16", 2) } else { ("f32", 4) };
-        let d = format!("micro-batch grads {tg} x {dtype} + accumulated sums {tg} x f32");
+        // PyTorch's layout sums bf16 gradients in bf16.
+        let (sums, sum_dtype) = if full_bf16 && moment == 2 {
+            (tensors(&grad, 2), "bf16")
+        } else {
+            (sums, "f32")
+        };
+        let d = format!("micro-batch grads {tg} x {dtype} + accumulated sums {tg} x {sum_dtype}");
         (tensors(&grad, bytes) + sums, d)
     } else {
         let d = format!("one micro-batch: its grads {tg} x f32 are the sums");

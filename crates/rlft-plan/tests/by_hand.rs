@@ -234,25 +234,17 @@ fn full_fine_tuning_and_bf16() {
             optimizer_state: s,
             ..bf16(plain(Tuning::Full, 2, 8))
         });
-        (
-            p.bytes("master"),
-            p.bytes("optimizer"),
-            p.bytes("checkpoint_buffers"),
-        )
+        let (m, o) = (p.bytes("master"), p.bytes("optimizer"));
+        (m, o, p.bytes("checkpoint_buffers"), p.bytes("gradients"))
     };
-    let buffers = 2 * 32_768 * 4;
-    assert_eq!(
-        state(OptimizerState::F32Master),
-        (P * 4, 2 * P * 4, buffers + P * 12)
-    );
-    assert_eq!(
-        state(OptimizerState::SplitMaster),
-        (P * 2, 2 * P * 4, buffers + P * 10)
-    );
-    assert_eq!(
-        state(OptimizerState::Bf16Moments),
-        (0, 2 * P * 2, buffers + P * 4)
-    );
+    let (buffers, grads) = (2 * 32_768 * 4, P * 2 + P * 4);
+    let master = (P * 4, 2 * P * 4, buffers + P * 12, grads);
+    assert_eq!(state(OptimizerState::F32Master), master);
+    let exact = (P * 2, 2 * P * 4, buffers + P * 10, grads);
+    assert_eq!(state(OptimizerState::SplitMaster), exact);
+    // PyTorch's layout: bf16 moments, no master, bf16 gradient sums.
+    let torch = (0, 2 * P * 2, buffers + P * 4, P * 2 + P * 2);
+    assert_eq!(state(OptimizerState::Bf16Moments), torch);
     // f32 weights: f32 moments and no master under each.
     let f32_torch = plan(&Run {
         optimizer_state: OptimizerState::Bf16Moments,

@@ -1,4 +1,6 @@
-//! Gradient accumulation over micro-batches: `sum_i weight_i * grads_i`, kept in f32.
+//! Gradient accumulation over micro-batches: `sum_i weight_i * grads_i`, kept in f32, or in each
+//! parameter's dtype ([`GradAccumulator::in_param_dtype`]: bf16 sums of bf16 weights, as PyTorch
+//! accumulates `.grad`; each addition computed in f32 and rounded once).
 //!
 //! The weight says how micro-batch losses combine into the batch loss:
 //! - each micro-batch loss is a mean and the batch loss is their mean (transformers' default):
@@ -32,9 +34,11 @@ use crate::error::{Result, TrainError};
 #[derive(Debug)]
 pub struct GradAccumulator {
     vars: Vec<Var>,
-    /// Weighted sums, one per var (`None` until it gets a gradient); f32 (f64 for f64 grads).
+    /// Weighted sums, one per var (`None` until it gets a gradient); f32 (f64 for f64 grads),
+    /// or the var's dtype with `param_dtype`.
     sums: Vec<Option<Tensor>>,
     micro_batches: usize,
+    param_dtype: bool,
 }
 
 impl GradAccumulator {
@@ -47,7 +51,14 @@ impl GradAccumulator {
             vars,
             sums,
             micro_batches: 0,
+            param_dtype: false,
         }
+    }
+
+    /// Keeps each sum in its var's dtype (2 bytes per element of bf16 weights instead of 4).
+    pub fn in_param_dtype(mut self) -> Self {
+        self.param_dtype = true;
+        self
     }
 
     /// Micro-batches added since the last [`GradAccumulator::finish`].
@@ -85,11 +96,18 @@ impl GradAccumulator {
                 let Some(g) = grads.get(var.as_tensor()) else {
                     return Ok(());
                 };
+                let keep = if self.param_dtype {
+                    var.dtype()
+                } else {
+                    sum_dtype(g.dtype())
+                };
                 match sum {
-                    None => *sum = Some(scaled_copy_tensor(g, weight)?),
+                    None => *sum = Some(scaled_copy_tensor(g, weight)?.to_dtype(keep)?),
                     Some(s) => {
                         if !add_in_place(s, g, weight as f32)? {
-                            *s = (&*s + (g.to_dtype(s.dtype())? * weight)?)?.detach();
+                            let wide = sum_dtype(s.dtype());
+                            let total = (s.to_dtype(wide)? + (g.to_dtype(wide)? * weight)?)?;
+                            *s = total.to_dtype(keep)?.detach();
                         }
                     }
                 }
@@ -210,14 +228,19 @@ fn scaled_copy_tensor(g: &Tensor, weight: f64) -> Result<Tensor> {
             }
         }
     }
-    let dtype = if g.dtype() == DType::F64 {
-        DType::F64
-    } else {
-        DType::F32
-    };
+    let dtype = sum_dtype(g.dtype());
     // `affine` always allocates, so the sum never shares storage with `g`. Detached: a tracked
     // gradient's graph must not live on in the sum.
     Ok((g.to_dtype(dtype)? * weight)?.detach())
+}
+
+/// The dtype a sum of gradients of dtype `d` is computed in: f64 for f64, else f32.
+fn sum_dtype(d: DType) -> DType {
+    if d == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
 }
 
 /// `sum += w * g` in place on the CPU; `false` if either tensor is not handled there.

@@ -235,3 +235,52 @@ fn bad_weights_are_rejected() {
     assert!(acc.add_token_weighted(&g, 5, 4).is_err());
     assert!(acc.add(&g, f64::NAN).is_err());
 }
+
+/// Sums in the parameter's dtype: bf16 sums of bf16 vars, each addition computed in f32 and
+/// rounded once, so they stay within a bf16 rounding per micro-batch of the f32 sums; f32 vars
+/// keep f32 sums, the same as without it.
+#[test]
+fn sums_in_the_parameter_dtype() {
+    let n = 40_000;
+    let init = Tensor::from_vec(
+        (0..n).map(|i| (i as f32 * 0.01).sin()).collect::<Vec<_>>(),
+        n,
+        &Device::Cpu,
+    )
+    .unwrap();
+    let (wide, narrow) = (
+        Var::from_tensor(&init).unwrap(),
+        Var::from_tensor(&init.to_dtype(DType::BF16).unwrap()).unwrap(),
+    );
+    let vars = vec![wide.clone(), narrow.clone()];
+    let mut f32_sums = GradAccumulator::new(vars.clone());
+    let mut own = GradAccumulator::new(vars).in_param_dtype();
+    for k in 0..3 {
+        let g: Vec<f32> = (0..n)
+            .map(|i| ((i * 7 + k * 13) as f32 * 0.003).cos())
+            .collect();
+        let g = Tensor::from_vec(g, n, &Device::Cpu).unwrap();
+        let mut store = GradStore::default();
+        store.insert(wide.as_tensor(), g.clone());
+        store.insert(narrow.as_tensor(), g.to_dtype(DType::BF16).unwrap());
+        f32_sums.add_mean(&store, 3).unwrap();
+        own.add_mean(&store, 3).unwrap();
+    }
+    let (a, b) = (f32_sums.finish(), own.finish());
+    let vals = |t: &Tensor| t.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(b.get(narrow.as_tensor()).unwrap().dtype(), DType::BF16);
+    assert_eq!(b.get(wide.as_tensor()).unwrap().dtype(), DType::F32);
+    assert_eq!(
+        vals(a.get(wide.as_tensor()).unwrap()),
+        vals(b.get(wide.as_tensor()).unwrap())
+    );
+    let (x, y) = (
+        vals(a.get(narrow.as_tensor()).unwrap()),
+        vals(b.get(narrow.as_tensor()).unwrap()),
+    );
+    for (x, y) in x.iter().zip(&y) {
+        // Three roundings of partial sums below 1 in magnitude, each within half a bf16 ulp
+        // (2^-9 of it).
+        assert!((x - y).abs() <= 3.0 / 512.0, "{x} vs {y}");
+    }
+}

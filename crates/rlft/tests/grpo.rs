@@ -217,7 +217,10 @@ fn optim_modes_of_bf16_weights() {
         if optim == "adamw_exact" {
             assert_same_bits(&w_master, &w, "adamw_exact = adamw_f32_master");
         }
-        assert!(w.iter().all(|(_, v)| v.iter().all(|x| x.is_finite())), "{optim}");
+        assert!(
+            w.iter().all(|(_, v)| v.iter().all(|x| x.is_finite())),
+            "{optim}"
+        );
     }
 }
 

@@ -15,7 +15,7 @@ use rlft_train::{
 };
 
 use super::{Algorithm, MicroContext, Policy};
-use crate::config::{LrSchedulerType, TrainingArgs};
+use crate::config::{LrSchedulerType, Optim, TrainingArgs};
 use crate::error::Result;
 
 /// Token-weighted means of a step's diagnostics (clip ratios, KL, entropy...), summed over its
@@ -124,6 +124,10 @@ pub(super) fn step<A: Algorithm>(
     let policy = &*policy;
     let vars: Vec<Var> = all_vars.iter().map(|(_, v)| v.clone()).collect();
     let mut acc = GradAccumulator::new(vars.clone());
+    // PyTorch's AdamW layout keeps the gradient sums in the weights' dtype too.
+    if args.optim == Optim::AdamWTorch {
+        acc = acc.in_param_dtype();
+    }
     let mut stats = StepStats::default();
     let mut loss_sum = 0f64;
     for mb in micro {
