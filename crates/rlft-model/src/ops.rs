@@ -243,7 +243,11 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64, grad: bool) -> Result<Ten
         };
         return Ok(rlft_kernels::fused::norm::rms_norm(x, &weight, eps)?);
     }
-    if !grad && dtype == DType::F32 {
+    // candle's one-kernel RMSNorm for inference (f32 statistics, one rounding at the end; on a
+    // GPU one launch instead of the composite's eight). transformers rounds the normalised
+    // input to the dtype before the weight multiplies it: in bf16 the two differ by at most
+    // one rounding.
+    if !grad && matches!(dtype, DType::F32 | DType::BF16 | DType::F16) && weight.dtype() == dtype {
         return Ok(candle_nn::ops::rms_norm(
             &x.contiguous()?,
             weight,
@@ -408,6 +412,32 @@ mod tests {
         let a = softmax(&x, false).unwrap();
         let b = softmax(&x, true).unwrap();
         assert!(max_diff(&a, &b) < 1e-6);
+    }
+
+    /// bf16 inference takes candle's one-kernel RMSNorm; the composite (transformers' order:
+    /// the normalised input rounded to bf16, then the weight) differs by at most one rounding.
+    #[test]
+    fn bf16_rms_norm_kernel_matches_the_composite() {
+        let x = rand(&[2, 3, 5, 64], 3).to_dtype(DType::BF16).unwrap();
+        let w = rand(&[64], 4).to_dtype(DType::BF16).unwrap();
+        let kernel = rms_norm(&x, &w, 1e-6, false).unwrap();
+        let composite = rms_norm(&x, &w, 1e-6, true).unwrap();
+        assert_eq!(kernel.dtype(), DType::BF16);
+        let f = |t: &Tensor| {
+            t.to_dtype(DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        };
+        for (a, b) in f(&kernel).iter().zip(f(&composite)) {
+            // Two bf16 roundings apart at most: 2^-7 of the value each.
+            assert!(
+                (a - b).abs() <= a.abs().max(b.abs()) / 64.0 + 1e-6,
+                "{a} vs {b}"
+            );
+        }
     }
 
     #[test]
