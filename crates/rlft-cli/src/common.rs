@@ -87,7 +87,15 @@ pub fn parse_device(s: &str) -> Result<Device> {
     if !candle_core::utils::cuda_is_available() {
         bail!("device `{s}` needs rlft built with CUDA: cargo build --release --features cuda");
     }
-    Ok(Device::new_cuda(ordinal)?)
+    let device = Device::new_cuda(ordinal)?;
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(cuda) = &device {
+        // rlft runs every op on the device's one stream, where cudarc's per-buffer events only
+        // cost (a record and a wait around each kernel launch; mistral.rs turns them off too).
+        // SAFETY: with a single stream there is no cross-stream use for the events to order.
+        unsafe { cuda.disable_event_tracking() };
+    }
+    Ok(device)
 }
 
 /// Loads the model named by the arguments, reporting the time on stderr.
