@@ -12,7 +12,9 @@ each recording its own error instead of stopping the others:
     family at tiny size, f32): generation tokens/s at batch 16 x 128 new tokens (`rlft bench
     generate` vs transformers' generate), and GRPO steps in the shape of
     examples/tiny_python_expr/qwen25_3b.toml (`rlft bench grpo` with that shape vs TRL's
-    GRPOTrainer); each with its peak memory (GPU: device memory in use above the idle level).
+    GRPOTrainer); each with its peak memory (GPU: device memory in use above the idle level). On
+    a GPU rlft's GRPO runs twice: with its default AdamW state (f32 master weights and moments)
+    and with `optim = "adamw_torch"` (TRL's: bf16 moments, no master).
 (c) `plan`: `rlft plan grpo` on qwen25_3b.toml for the same model against the peak measured in (b)
     (rlft plan models the CPU process's resident memory; on a GPU the ratio says how far that
     model is from the device's).
@@ -199,6 +201,13 @@ def part_perf(c, work):
     r = c.run(c.hf("grpo", "--model", d, "--dtype", dtype, "--steps", str(c.a.grpo_steps),
                    "--out", f), 300)
     out["grpo_trl"] = {"result": load(f) if r.get("rc") == 0 else None, **trim(r)}
+    # TRL's AdamW state layout (bf16 moments and gradient sums, no master weights): the same
+    # run with `optim = "adamw_torch"`, for the memory comparison at equal state.
+    if cuda:
+        r = c.run(c.rlft("bench", "--run-case", "grpo", "--model", d, "--device", c.a.device,
+                         "--reps", str(c.a.grpo_steps - 1), *sets,
+                         "--grpo-set", "optim=adamw_torch"), 300)
+        out["grpo_rlft_adamw_torch"] = {"result": result_json(r), **trim(r)}
     out["summary"] = perf_summary(out, c.gpu is not None)
     return out, d
 
@@ -224,7 +233,11 @@ def perf_summary(p, gpu):
         # pass, two updates) over the rest.
         "grpo_s_per_rollout": {"rlft": per_rollout(s_r.get("step_s", [])),
                                "trl": per_rollout(s_t.get("step_s", []))},
-        "grpo_peak_mib": {"rlft": own(p["grpo_rlft"], key), "trl": own(p["grpo_trl"], key)},
+        "grpo_peak_mib": {"rlft": own(p["grpo_rlft"], key), "trl": own(p["grpo_trl"], key),
+                          "rlft_adamw_torch": own(p.get("grpo_rlft_adamw_torch", {}), key)},
+        "grpo_s_per_rollout_adamw_torch": per_rollout(
+            ((p.get("grpo_rlft_adamw_torch") or {}).get("result") or {})
+            .get("detail", {}).get("step_s", [])),
     }
 
 
