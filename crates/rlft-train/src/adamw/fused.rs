@@ -16,6 +16,17 @@ use crate::cpu::{
 };
 use crate::error::{Result, TrainError};
 
+/// Runs `$body` with `$x` bound to the gradient's elements, whatever their float type.
+macro_rules! with_grad {
+    ($g:expr, |$x:ident| $body:expr) => {
+        match $g {
+            FloatSlice::F32($x) => $body,
+            FloatSlice::BF16($x) => $body,
+            FloatSlice::F16($x) => $body,
+        }
+    };
+}
+
 /// Whether [`update`] handles this parameter: CPU, contiguous f32/bf16/f16 parameter, f32
 /// moments or moments of the parameter's dtype, f32/bf16/f16 gradient on the CPU (any layout).
 pub(super) fn can_update(st: &ParamState, grad: &Tensor) -> bool {
@@ -88,7 +99,7 @@ pub(super) fn update(st: &ParamState, grad: &Tensor, sc: &StepScalars) -> Result
                     };
                     with_cpu_mut(var, |ps, pl| match float_slice_mut(ps, pl) {
                         Some(FloatSliceMut::BF16(p)) => {
-                            split_params(p, lo, m, v, &g, &k);
+                            with_grad!(&g, |g| split_params(p, lo, m, v, g, &k));
                             Ok(())
                         }
                         _ => candle_core::bail!("rlft-train: bf16 parameter expected"),
@@ -115,12 +126,12 @@ fn lowp_params(st: &ParamState, g: &FloatSlice, k: &AdamWCoefs) -> Result<()> {
                         Some(FloatSliceMut::BF16(p)),
                         Some(FloatSliceMut::BF16(m)),
                         Some(FloatSliceMut::BF16(v)),
-                    ) => lowp_typed(p, m, v, g, k),
+                    ) => with_grad!(g, |g| lowp_typed(p, m, v, g, k)),
                     (
                         Some(FloatSliceMut::F16(p)),
                         Some(FloatSliceMut::F16(m)),
                         Some(FloatSliceMut::F16(v)),
-                    ) => lowp_typed(p, m, v, g, k),
+                    ) => with_grad!(g, |g| lowp_typed(p, m, v, g, k)),
                     _ => {
                         candle_core::bail!("rlft-train: moments of the parameter's dtype expected")
                     }
@@ -132,50 +143,30 @@ fn lowp_params(st: &ParamState, g: &FloatSlice, k: &AdamWCoefs) -> Result<()> {
     Ok(())
 }
 
-fn lowp_typed<P: Elem>(p: &mut [P], m: &mut [P], v: &mut [P], g: &FloatSlice, k: &AdamWCoefs) {
-    fn run<P: Elem, G: Elem>(p: &mut [P], m: &mut [P], v: &mut [P], g: &[G], k: &AdamWCoefs) {
-        p.par_chunks_mut(CHUNK)
-            .zip(m.par_chunks_mut(CHUNK))
-            .zip(v.par_chunks_mut(CHUNK))
-            .zip(g.par_chunks(CHUNK))
-            .for_each(|(((p, m), v), g)| adamw_lowp_chunk(p, m, v, g, k));
-    }
-    match g {
-        FloatSlice::F32(g) => run(p, m, v, g, k),
-        FloatSlice::BF16(g) => run(p, m, v, g, k),
-        FloatSlice::F16(g) => run(p, m, v, g, k),
-    }
+/// Parameters and moments of one low-precision type, chunks in parallel.
+fn lowp_typed<P: Elem, G: Elem>(p: &mut [P], m: &mut [P], v: &mut [P], g: &[G], k: &AdamWCoefs) {
+    p.par_chunks_mut(CHUNK)
+        .zip(m.par_chunks_mut(CHUNK))
+        .zip(v.par_chunks_mut(CHUNK))
+        .zip(g.par_chunks(CHUNK))
+        .for_each(|(((p, m), v), g)| adamw_lowp_chunk(p, m, v, g, k));
 }
 
-/// bf16 parameters with the split master (their low halves `lo`).
-fn split_params(
+/// bf16 parameters with the split master (their low halves `lo`), chunks in parallel.
+fn split_params<G: Elem>(
     p: &mut [bf16],
     lo: &mut [bf16],
     m: &mut [f32],
     v: &mut [f32],
-    g: &FloatSlice,
+    g: &[G],
     k: &AdamWCoefs,
 ) {
-    fn run<G: Elem>(
-        p: &mut [bf16],
-        lo: &mut [bf16],
-        m: &mut [f32],
-        v: &mut [f32],
-        g: &[G],
-        k: &AdamWCoefs,
-    ) {
-        p.par_chunks_mut(CHUNK)
-            .zip(lo.par_chunks_mut(CHUNK))
-            .zip(m.par_chunks_mut(CHUNK))
-            .zip(v.par_chunks_mut(CHUNK))
-            .zip(g.par_chunks(CHUNK))
-            .for_each(|((((p, lo), m), v), g)| adamw_split_chunk(p, lo, m, v, g, k));
-    }
-    match g {
-        FloatSlice::F32(g) => run(p, lo, m, v, g, k),
-        FloatSlice::BF16(g) => run(p, lo, m, v, g, k),
-        FloatSlice::F16(g) => run(p, lo, m, v, g, k),
-    }
+    p.par_chunks_mut(CHUNK)
+        .zip(lo.par_chunks_mut(CHUNK))
+        .zip(m.par_chunks_mut(CHUNK))
+        .zip(v.par_chunks_mut(CHUNK))
+        .zip(g.par_chunks(CHUNK))
+        .for_each(|((((p, lo), m), v), g)| adamw_split_chunk(p, lo, m, v, g, k));
 }
 
 /// f32 parameters: dispatches on the gradient's type, then runs the chunks in parallel.
