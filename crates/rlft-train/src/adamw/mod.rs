@@ -397,6 +397,9 @@ impl AdamW {
     /// first step. `SplitMaster` updates its bf16 parameters on the CPU only: elsewhere it is
     /// refused with the alternatives.
     pub fn with_precision(mut self, precision: AdamWPrecision) -> Result<Self> {
+        if precision == self.precision {
+            return Ok(self);
+        }
         if self.params.iter().any(|p| p.step > 0) {
             return Err(TrainError::Precision(
                 "the precision is chosen before the first step; build the optimizer again".into(),
