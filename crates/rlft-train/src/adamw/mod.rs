@@ -202,6 +202,13 @@ enum Master {
     Low(Tensor),
 }
 
+/// Which [`Master`] a parameter keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MasterForm {
+    F32,
+    Low,
+}
+
 /// Per-parameter state: PyTorch's `step`, `exp_avg`, `exp_avg_sq`, plus the master weights of
 /// low-precision parameters.
 #[derive(Debug)]
@@ -232,18 +239,26 @@ impl ParamState {
         })
     }
 
+    /// The form of master this parameter keeps under `precision`: `None` for f32/f64
+    /// parameters and `ParamDtype`.
+    fn master_form(&self, precision: AdamWPrecision) -> Option<MasterForm> {
+        match (self.var.dtype(), precision) {
+            (_, AdamWPrecision::ParamDtype) | (DType::F32 | DType::F64, _) => None,
+            (DType::BF16, AdamWPrecision::SplitMaster) => Some(MasterForm::Low),
+            _ => Some(MasterForm::F32),
+        }
+    }
+
     /// The master this parameter keeps under `precision`, made from the parameter: an exact
-    /// f32 copy, or zero low halves; `None` for f32/f64 parameters and `ParamDtype`.
+    /// f32 copy, or zero low halves.
     fn new_master(&self, precision: AdamWPrecision) -> Result<Option<Master>> {
         let t = self.var.as_tensor();
         // Detached: a copy made from the var would otherwise record the op, and every later
         // master (computed from it) would keep the whole chain of earlier ones.
-        Ok(match (self.var.dtype(), precision) {
-            (_, AdamWPrecision::ParamDtype) | (DType::F32 | DType::F64, _) => None,
-            (DType::BF16, AdamWPrecision::SplitMaster) => {
-                Some(Master::Low(t.zeros_like()?.detach()))
-            }
-            _ => Some(Master::F32(t.to_dtype(DType::F32)?.detach())),
+        Ok(match self.master_form(precision) {
+            None => None,
+            Some(MasterForm::Low) => Some(Master::Low(t.zeros_like()?.detach())),
+            Some(MasterForm::F32) => Some(Master::F32(t.to_dtype(DType::F32)?.detach())),
         })
     }
 }

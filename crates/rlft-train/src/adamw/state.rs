@@ -21,7 +21,8 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Tensor};
 
 use super::{
-    host_join, host_split, moment_dtype, state_zeros, AdamW, AdamWPrecision, Master, ParamState,
+    host_join, host_split, moment_dtype, state_zeros, AdamW, AdamWPrecision, Master, MasterForm,
+    ParamState,
 };
 use crate::error::{Result, TrainError};
 
@@ -188,10 +189,10 @@ fn restore_one(
         }
         _ => None,
     };
-    let master = match (st.new_master(precision)?, saved) {
+    let master = match (st.master_form(precision), saved) {
         (None, _) | (_, None) => None,
-        (Some(Master::F32(_)), Some(w)) => Some(Restored::Ready(Master::F32(w.to_device(dev)?))),
-        (Some(Master::Low(_)), Some(w)) => Some(Restored::SplitFrom(w)),
+        (Some(MasterForm::F32), Some(w)) => Some(Restored::Ready(Master::F32(w.to_device(dev)?))),
+        (Some(MasterForm::Low), Some(w)) => Some(Restored::SplitFrom(w)),
     };
     Ok((step as u64, m, v, master))
 }
