@@ -315,7 +315,7 @@ fn optimizer(c: &mut Parts, run: &Run, m: &Model, critic: bool) {
     let (size, d) = if full_bf16 || run.accumulation > 1 {
         let (dtype, bytes) = if full_bf16 { ("bf16", 2) } else { ("f32", 4) };
         // PyTorch's layout sums bf16 gradients in bf16.
-        let (sums, sum_dtype) = if full_bf16 && moment == 2 {
+        let (sums, sum_dtype) = if moment == 2 {
             (tensors(&grad, 2), "bf16")
         } else {
             (sums, "f32")

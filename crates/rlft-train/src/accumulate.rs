@@ -96,18 +96,21 @@ impl GradAccumulator {
                 let Some(g) = grads.get(var.as_tensor()) else {
                     return Ok(());
                 };
-                let keep = if self.param_dtype {
-                    var.dtype()
-                } else {
-                    sum_dtype(g.dtype())
-                };
                 match sum {
-                    None => *sum = Some(scaled_copy_tensor(g, weight)?.to_dtype(keep)?),
+                    None => {
+                        let first = scaled_copy_tensor(g, weight)?;
+                        *sum = Some(if self.param_dtype {
+                            first.to_dtype(var.dtype())?
+                        } else {
+                            first
+                        });
+                    }
                     Some(s) => {
                         if !add_in_place(s, g, weight as f32)? {
+                            // In f32 (f64) whatever the sum is kept in, rounded once.
                             let wide = sum_dtype(s.dtype());
                             let total = (s.to_dtype(wide)? + (g.to_dtype(wide)? * weight)?)?;
-                            *s = total.to_dtype(keep)?.detach();
+                            *s = total.to_dtype(s.dtype())?.detach();
                         }
                     }
                 }

@@ -431,8 +431,11 @@ impl AdamW {
                 ));
             }
         }
+        // No master exists before the first step: only moments of another dtype are re-made.
         for p in &mut self.params {
-            *p = ParamState::new(p.var.clone(), p.group, precision)?;
+            if moment_dtype(p.var.dtype(), precision) != p.exp_avg.dtype() {
+                *p = ParamState::new(p.var.clone(), p.group, precision)?;
+            }
         }
         self.precision = precision;
         Ok(self)

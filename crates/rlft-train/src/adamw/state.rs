@@ -99,8 +99,7 @@ impl AdamW {
             st.master = match master {
                 // An f32 master saved for a split-master parameter: the parameter becomes its
                 // rounding (it was, but for the tie rule of another path) beside the low half.
-                Some(Restored::SplitFrom(w)) => {
-                    let (hi, lo) = host_split(&w)?;
+                Some(Restored::Split { hi, lo }) => {
                     st.var.set(&hi)?;
                     Some(Master::Low(lo))
                 }
@@ -120,10 +119,11 @@ fn parse_name(name: &str) -> Option<(usize, &str)> {
     FIELDS.contains(&field).then_some((i, field))
 }
 
-/// A master read back: as it will be kept, or an f32 master to split beside the parameter.
+/// A master read back: as it will be kept, or an f32 master split into the parameter it
+/// rounds to and the low halves.
 enum Restored {
     Ready(Master),
-    SplitFrom(Tensor),
+    Split { hi: Tensor, lo: Tensor },
 }
 
 type RestoredState = (u64, Tensor, Tensor, Option<Restored>);
@@ -192,7 +192,10 @@ fn restore_one(
     let master = match (st.master_form(precision), saved) {
         (None, _) | (_, None) => None,
         (Some(MasterForm::F32), Some(w)) => Some(Restored::Ready(Master::F32(w.to_device(dev)?))),
-        (Some(MasterForm::Low), Some(w)) => Some(Restored::SplitFrom(w)),
+        (Some(MasterForm::Low), Some(w)) => {
+            let (hi, lo) = host_split(&w)?;
+            Some(Restored::Split { hi, lo })
+        }
     };
     Ok((step as u64, m, v, master))
 }
