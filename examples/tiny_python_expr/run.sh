@@ -23,7 +23,8 @@
 #                         less any expression of the training dataset (DATA_DIR-heldout)
 #   SKIP_DATASET_BUILD=1  reuse DATA_DIR instead of building it
 #   MAX_STEPS, NUM_GENERATIONS, ROLLOUT_BATCH_SIZE, LEARNING_RATE, BETA, TEMPERATURE,
-#   MAX_COMPLETION_LENGTH, USE_PEFT, LORA_R, EVAL_STEPS, SAVE_STEPS      training overrides
+#   MAX_COMPLETION_LENGTH, EVAL_MAX_COMPLETION_LENGTH, USE_PEFT, LORA_R, EVAL_STEPS, SAVE_STEPS
+#                         training overrides
 #   DEVICE                cpu | cuda | cuda:N (cpu)
 #   RESUME=1              continue the run from its latest checkpoint
 #   EXTRA_ARGS            more `rlft grpo` arguments, e.g. "--set top_p=0.95"
@@ -93,6 +94,7 @@ add learning_rate "${LEARNING_RATE:-}"
 add beta "${BETA:-}"
 add temperature "${TEMPERATURE:-}"
 add max_completion_length "${MAX_COMPLETION_LENGTH:-}"
+add eval_max_completion_length "${EVAL_MAX_COMPLETION_LENGTH:-}"
 add use_peft "${USE_PEFT:-}"
 add lora.r "${LORA_R:-}"
 add eval_steps "${EVAL_STEPS:-}"

@@ -50,7 +50,7 @@ pub fn eval_settings(cfg: &OnlineConfig, eos_token_ids: &[u32], pad_token_id: u3
     EvalSettings {
         greedy: cfg.eval_decoding == EvalDecoding::Greedy,
         sampling: cfg.rollout.sampling(),
-        max_new_tokens: cfg.max_completion_length,
+        max_new_tokens: cfg.eval_completion_length(),
         seed: mix(cfg.args.seed, u64::MAX),
         eos_token_ids: eos_token_ids.to_vec(),
         pad_token_id,

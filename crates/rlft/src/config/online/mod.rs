@@ -112,6 +112,9 @@ pub struct OnlineConfig {
     pub share_prompts: bool,
     /// Eval decoding: "greedy" or "sampled" (pass@1 with the rollout sampling settings).
     pub eval_decoding: EvalDecoding,
+    /// Most new tokens per eval completion; 0 = `max_completion_length`. Room for the longest
+    /// answers at eval while training keeps the cheaper budget.
+    pub eval_max_completion_length: usize,
     /// Warn when the mean k3 KL exceeds this.
     pub kl_warning_threshold: f64,
     /// Warn when this many consecutive steps have reward_std near 0.
@@ -160,6 +163,7 @@ impl Default for OnlineConfig {
             mask_truncated_completions: false,
             share_prompts: true,
             eval_decoding: EvalDecoding::Greedy,
+            eval_max_completion_length: 0,
             kl_warning_threshold: 1.0,
             zero_std_warning_steps: 5,
             estimator: EstimatorSettings::default(),
@@ -227,6 +231,14 @@ impl OnlineConfig {
     /// Upper clip range.
     pub fn epsilon_high(&self) -> f64 {
         self.epsilon_high.unwrap_or(self.epsilon)
+    }
+
+    /// Most new tokens per eval completion.
+    pub fn eval_completion_length(&self) -> usize {
+        match self.eval_max_completion_length {
+            0 => self.max_completion_length,
+            n => n,
+        }
     }
 
     /// The GRPO checks (the shared ones are [`TrainingArgs::validate`]); each error says how to
@@ -348,6 +360,20 @@ mod tests {
         // Epoch-based: 100 prompts / 2 per rollout = 50 rollouts.
         let c = parse("per_device_train_batch_size = 4\ngradient_accumulation_steps = 2\nnum_generations = 4\nnum_train_epochs = 1").unwrap();
         assert_eq!(c.plan(100).total_steps, 50);
+    }
+
+    #[test]
+    fn eval_budget_defaults_to_the_training_one() {
+        let c = parse("max_completion_length = 128").unwrap();
+        assert_eq!(c.eval_completion_length(), 128);
+        let c = parse("max_completion_length = 128\neval_max_completion_length = 192").unwrap();
+        assert_eq!(c.eval_completion_length(), 192);
+        let s = crate::online::eval_settings(&c, &[0], 0);
+        assert_eq!(s.max_new_tokens, 192);
+        assert_eq!(
+            crate::online::setup::sampling_settings(&c, &[0], 0, 1).max_new_tokens,
+            128
+        );
     }
 
     #[test]
