@@ -150,7 +150,22 @@ fn jobs_joining_a_running_batch_decode_as_alone() {
     for (h, j) in handles.into_iter().zip(&jobs) {
         assert_eq!(h.join().unwrap(), reference(j));
     }
-    assert_eq!(engine.in_flight(), 0);
+    wait_idle(&engine, "a finished job was not counted out");
+}
+
+/// Waits (up to 20 s) for the engine thread to count every job out: it does so right after it
+/// sends their last events, so a client may see those events first.
+fn wait_idle(engine: &Engine, why: &str) {
+    let t0 = Instant::now();
+    while engine.in_flight() > 0 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "{why}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        engine.running_seqs(),
+        0,
+        "jobs counted out before their sequences"
+    );
 }
 
 #[test]
@@ -164,15 +179,7 @@ fn a_dropped_receiver_cancels_its_job() {
     let mut rx = engine.submit(j).unwrap();
     assert!(matches!(rx.blocking_recv(), Some(Event::Token { .. })));
     drop(rx);
-    let t0 = Instant::now();
-    while engine.in_flight() > 0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "the job kept running"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert_eq!(engine.running_seqs(), 0);
+    wait_idle(&engine, "the job kept running");
 }
 
 #[test]

@@ -193,9 +193,11 @@ impl State {
         }
     }
 
-    /// Removes finished sequences; a job whose last choice ended is done.
+    /// Removes finished sequences; a job whose last choice ended is done. The running count is
+    /// stored before the jobs are counted out, so a client that sees `in_flight` reach 0 also
+    /// sees no running sequence of them.
     fn retire(&mut self) {
-        let shared = &self.shared;
+        let mut done_jobs = 0;
         self.seqs.retain(|s| {
             if s.done.is_none() {
                 return true;
@@ -205,11 +207,14 @@ impl State {
                 .open
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| o.checked_sub(1));
             if left == Ok(1) {
-                shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+                done_jobs += 1;
             }
             false
         });
-        shared.running_seqs.store(self.seqs.len(), Ordering::SeqCst);
+        self.shared
+            .running_seqs
+            .store(self.seqs.len(), Ordering::SeqCst);
+        self.shared.in_flight.fetch_sub(done_jobs, Ordering::SeqCst);
     }
 
     /// Feeds every sequence its last token: one forward call per model, caches grown first
@@ -246,11 +251,11 @@ impl State {
                     }
                 }
                 Err(e) => {
-                    // These sequences end; the next step's `retire` removes them.
+                    // These sequences end; the next `retire` removes them and counts their
+                    // jobs out.
                     let msg = format!("decode step failed: {e}");
                     for &i in &same {
-                        let run = self.seqs[i].run.clone();
-                        self.fail(&run, &msg);
+                        let _ = self.seqs[i].run.events.send(Event::Failed(msg.clone()));
                         self.seqs[i].abandon();
                     }
                 }
@@ -258,8 +263,7 @@ impl State {
         }
     }
 
-    /// Tells a job's client that it failed and counts the job as finished (its sequences, if
-    /// any, are removed by the caller).
+    /// Tells the client of a job that has no sequence yet that it failed, and counts it out.
     fn fail(&self, run: &Running, msg: &str) {
         let _ = run.events.send(Event::Failed(msg.to_string()));
         if run.open.swap(0, Ordering::SeqCst) > 0 {
