@@ -650,9 +650,10 @@ fn an_api_key_guards_every_endpoint_but_health() {
 fn ctrl_c_drains_then_stops() {
     let mut s = Server::start(&[]);
     let s_url = s.url.clone();
+    // Long enough to still run 600 ms in on a fast machine (60 tokens did not).
     let long = chat(
         "Tell me a long story.",
-        json!({"max_tokens": 60, "ignore_eos": true}),
+        json!({"max_tokens": 400, "ignore_eos": true}),
     );
     let running = std::thread::spawn(move || {
         let out = Command::new("curl")
@@ -673,9 +674,13 @@ fn ctrl_c_drains_then_stops() {
     assert_eq!(code, 503, "{v}");
     let v = running.join().unwrap();
     assert_eq!(
-        v["usage"]["completion_tokens"], 60,
+        v["usage"]["completion_tokens"], 400,
         "the running request finished: {v}"
     );
     assert!(s.wait(30).success(), "{}", s.log());
-    assert!(s.log().contains("draining"));
+    assert!(
+        s.log().contains("draining: 1 requests in flight"),
+        "the signal came while the request ran: {}",
+        s.log()
+    );
 }
