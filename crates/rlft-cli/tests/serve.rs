@@ -650,7 +650,7 @@ fn an_api_key_guards_every_endpoint_but_health() {
 fn ctrl_c_drains_then_stops() {
     let mut s = Server::start(&[]);
     let s_url = s.url.clone();
-    // Long enough to be still running when the signal comes 600 ms in, on a fast host too.
+    // Long enough to be still running when the signal comes 400 ms in, on a fast host too.
     let long = chat(
         "Tell me a long story.",
         json!({"max_tokens": 400, "ignore_eos": true}),
