@@ -174,6 +174,23 @@ fn conflicting_options_fail_with_the_fix() {
         ),
         ("importance_sampling_level = \"sequnce\"", &["sequence"]),
         ("loss_type = \"gspo\"", &["cispo", "sapo"]),
+        (
+            "mask_truncated_rewards = true",
+            &[
+                "mask_truncated_completions = true",
+                "mask_truncated_rewards = false",
+            ],
+        ),
+        (
+            "mask_truncated_rewards = true\nmask_truncated_completions = true\n\
+             advantage_estimator = \"rloo\"",
+            &["group_norm"],
+        ),
+        (
+            "mask_truncated_rewards = true\nmask_truncated_completions = true\n\
+             missing_eos_penalty = 1.0",
+            &["remove those two"],
+        ),
     ] {
         let e = bad(extra);
         assert!(fix.iter().all(|f| e.contains(f)), "{e}");

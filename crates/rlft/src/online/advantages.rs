@@ -102,6 +102,25 @@ pub fn shaped_rewards(cfg: &OnlineConfig, samples: &[Sample], total: &[f64]) -> 
         .collect()
 }
 
+/// Each reward function's scores as the group statistics take them: with
+/// `mask_truncated_rewards`, a truncated completion counts as unscored (out of its group's mean
+/// and std, advantage 0).
+fn baseline_scores(
+    cfg: &OnlineConfig,
+    samples: &[Sample],
+    scores: &Scores,
+) -> Vec<Vec<Option<f64>>> {
+    let out = |i: usize| cfg.mask_truncated_rewards && samples[i].truncated;
+    scores
+        .per_function
+        .iter()
+        .map(|f| {
+            let s = f.scores.iter().enumerate();
+            s.map(|(i, &x)| x.filter(|_| !out(i))).collect()
+        })
+        .collect()
+}
+
 /// The advantages of a rollout.
 ///
 /// - `scored`: the reward functions' scores and weights; `group_norm` without reward shaping
@@ -125,8 +144,8 @@ pub fn estimate_rollout(
     let (scores, weights) = scored;
     let e = &cfg.estimator;
     let groups = if e.reward_clip_range.is_none() && e.missing_eos_penalty.is_none() {
-        let per_function: Vec<&[Option<f64>]> =
-            scores.per_function.iter().map(|f| &f.scores[..]).collect();
+        let per_function = baseline_scores(cfg, samples, scores);
+        let per_function: Vec<&[Option<f64>]> = per_function.iter().map(|f| &f[..]).collect();
         let rewards = GroupedRewards {
             per_function: &per_function,
             weights,
@@ -252,5 +271,60 @@ pub fn explained_variance(returns: &[Vec<f64>], values: &[Vec<f64>]) -> f64 {
         0.0
     } else {
         1.0 - var(&d) / vr
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlft_rewards::RewardOutput;
+
+    /// Groups of 4; `cut` marks the truncated completions.
+    fn case(rewards: &[f64], cut: &[bool], on: bool) -> Vec<f64> {
+        let mut cfg = OnlineConfig {
+            num_generations: 4,
+            mask_truncated_completions: true,
+            mask_truncated_rewards: on,
+            ..OnlineConfig::default()
+        };
+        cfg.estimator.advantage_estimator = Estimator::GroupNorm;
+        let samples: Vec<Sample> = cut
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| Sample::new(i / 4, vec![1, 2], String::new(), t))
+            .collect();
+        let scores = Scores {
+            per_function: vec![RewardOutput::from_scores(rewards.to_vec())],
+            total: rewards.to_vec(),
+            failures: vec![0],
+            errors: vec![None],
+        };
+        let est = estimate_rollout(&cfg, &samples, (&scores, &[1.0]), rewards, None, None, None);
+        est.advantages.per_completion()
+    }
+
+    /// The finished completions of a group are standardised among themselves; a truncated one
+    /// gets 0, and a group with one finished completion gives no signal (std undefined).
+    #[test]
+    fn truncated_rewards_stay_out_of_the_baseline() {
+        let r = [
+            0.9, 0.1, -0.3, -0.3, 0.9, 0.1, 0.5, -0.3, 0.1, -0.3, -0.3, -0.3,
+        ];
+        let cut = [
+            false, false, true, true, false, false, false, false, false, true, true, true,
+        ];
+        let a = case(&r, &cut, true);
+        // Group 1: mean 0.5, unbiased std sqrt(0.32).
+        let x = 0.4 / (0.32f64.sqrt() + 1e-4);
+        let want = [x, -x, 0.0, 0.0];
+        // Group 2 has no truncated completion: the same as without the option.
+        let off = case(&r, &cut, false);
+        for (i, w) in want.iter().enumerate() {
+            assert!((a[i] - w).abs() < 1e-12, "{i}: {a:?}");
+        }
+        assert_eq!(a[4..8], off[4..8]);
+        assert_eq!(a[8..], [0.0; 4]);
+        // Without it the wrong finished answer (0.1) rises above its group's mean.
+        assert!(off[1] > 0.0 && off[8] > 0.0, "{off:?}");
     }
 }

@@ -17,8 +17,8 @@ use super::args::TrainingArgs;
 use super::rollout::RolloutConfig;
 use super::{shared_args, ConfigError, TrainerConfig};
 use crate::algo::{
-    AdvantageConfig, ImportanceSamplingLevel, LossConfig, LossType, MultiObjectiveAggregation,
-    ScaleRewards,
+    AdvantageConfig, Estimator, ImportanceSamplingLevel, LossConfig, LossType,
+    MultiObjectiveAggregation, ScaleRewards,
 };
 use crate::data::LengthPolicy;
 pub use aliases::ALIASES;
@@ -106,6 +106,10 @@ pub struct OnlineConfig {
     pub advantage_clip: f64,
     /// Exclude completions that hit max_completion_length from the loss (DAPO).
     pub mask_truncated_completions: bool,
+    /// With `mask_truncated_completions`: a truncated completion's reward also stays out of its
+    /// group's mean and std, as an unscored one's. A cut completion then neither is pushed down
+    /// nor lifts the finished completions of its prompt above a baseline it dragged down.
+    pub mask_truncated_rewards: bool,
     /// Run each prompt once per micro-batch and let its completions attend to its keys and
     /// values (policy, old and reference passes); same log-probs and gradients as recomputing
     /// the prompt per completion, fewer tokens. false = the plain rows (for comparison).
@@ -161,6 +165,7 @@ impl Default for OnlineConfig {
             advantage_epsilon: 1e-4,
             advantage_clip: 0.0,
             mask_truncated_completions: false,
+            mask_truncated_rewards: false,
             share_prompts: true,
             eval_decoding: EvalDecoding::Greedy,
             eval_max_completion_length: 0,
@@ -277,7 +282,31 @@ impl OnlineConfig {
         if self.advantage_epsilon < 0.0 || self.advantage_clip < 0.0 {
             return bad("advantage_epsilon and advantage_clip must be >= 0".into());
         }
+        self.check_truncated_rewards()?;
         self.check_loss_options()
+    }
+
+    /// `mask_truncated_rewards` needs the completions masked too and group advantages from the
+    /// reward functions' own scores.
+    fn check_truncated_rewards(&self) -> Result<(), ConfigError> {
+        if !self.mask_truncated_rewards {
+            return Ok(());
+        }
+        let e = &self.estimator;
+        let why = if !self.mask_truncated_completions {
+            "needs mask_truncated_completions = true (a truncated completion left in the loss \
+             would get advantage 0)"
+        } else if e.advantage_estimator != Estimator::GroupNorm {
+            "works with advantage_estimator = \"group_norm\" (GRPO's group baselines) only"
+        } else if e.missing_eos_penalty.is_some() || e.reward_clip_range.is_some() {
+            "leaves truncated completions out of the baseline, which missing_eos_penalty and \
+             reward_clip_range would shape; remove those two"
+        } else {
+            return Ok(());
+        };
+        Err(ConfigError::Invalid(format!(
+            "mask_truncated_rewards = true {why}; or set mask_truncated_rewards = false"
+        )))
     }
 
     /// TRL 1.16's loss and reward-aggregation options ([`LossConfig::validate`]).
