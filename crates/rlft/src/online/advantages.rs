@@ -281,13 +281,12 @@ mod tests {
 
     /// Groups of 4; `cut` marks the truncated completions.
     fn case(rewards: &[f64], cut: &[bool], on: bool) -> Vec<f64> {
-        let mut cfg = OnlineConfig {
+        let cfg = OnlineConfig {
             num_generations: 4,
             mask_truncated_completions: true,
             mask_truncated_rewards: on,
             ..OnlineConfig::default()
         };
-        cfg.estimator.advantage_estimator = Estimator::GroupNorm;
         let samples: Vec<Sample> = cut
             .iter()
             .enumerate()
