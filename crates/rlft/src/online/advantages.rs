@@ -110,13 +110,13 @@ fn baseline_scores(
     samples: &[Sample],
     scores: &Scores,
 ) -> Vec<Vec<Option<f64>>> {
-    let out = |i: usize| cfg.mask_truncated_rewards && samples[i].truncated;
     scores
         .per_function
         .iter()
         .map(|f| {
-            let s = f.scores.iter().enumerate();
-            s.map(|(i, &x)| x.filter(|_| !out(i))).collect()
+            let s = f.scores.iter().zip(samples);
+            s.map(|(&x, s)| x.filter(|_| cfg.in_baseline(s.truncated)))
+                .collect()
         })
         .collect()
 }

@@ -266,7 +266,7 @@ impl Algorithm for Online<'_> {
     fn micro_loss(&self, cx: MicroContext<'_, Rollout>) -> Result<Option<Tensor>> {
         let (cfg, policy, r, mb) = (self.cfg, cx.policy, cx.unit, cx.micro);
         let (step, stats) = (cx.step, cx.stats);
-        let keep = |i: usize| !(cfg.mask_truncated_completions && r.samples[i].truncated);
+        let keep = |i: usize| cfg.in_loss(r.samples[i].truncated);
         let tokens = |i: usize| usize::from(keep(i)) * r.samples[i].sampled_tokens();
         let num_items: usize = step.iter().flatten().map(|&i| tokens(i)).sum();
         let row_tokens: Vec<usize> = mb.iter().map(|&i| tokens(i)).collect();

@@ -286,6 +286,18 @@ impl OnlineConfig {
         self.check_loss_options()
     }
 
+    /// Whether a completion (truncated or not) enters the loss: `mask_truncated_completions`
+    /// leaves the truncated ones out.
+    pub fn in_loss(&self, truncated: bool) -> bool {
+        !(self.mask_truncated_completions && truncated)
+    }
+
+    /// Whether a completion's reward enters its group's baseline: `mask_truncated_rewards`
+    /// leaves the truncated ones out.
+    pub fn in_baseline(&self, truncated: bool) -> bool {
+        !(self.mask_truncated_rewards && truncated)
+    }
+
     /// `mask_truncated_rewards` needs the completions masked too and group advantages from the
     /// reward functions' own scores.
     fn check_truncated_rewards(&self) -> Result<(), ConfigError> {

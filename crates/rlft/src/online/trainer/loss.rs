@@ -186,10 +186,7 @@ impl SamplerCorrection {
         let (Some(c), Some(old)) = (cfg.servers.correction(), old) else {
             return (None, Metrics::new());
         };
-        let keep: Vec<bool> = samples
-            .iter()
-            .map(|s| !(cfg.mask_truncated_completions && s.truncated))
-            .collect();
+        let keep: Vec<bool> = samples.iter().map(|s| cfg.in_loss(s.truncated)).collect();
         // A sample without the sampler's log-probs (cannot happen on servers): NaN, no correction.
         let sampler: Vec<Vec<f32>> = samples
             .iter()
