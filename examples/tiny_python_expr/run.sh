@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tiny_python_expr end to end: build the dataset, train with GRPO, write the report.
 # Every setting comes from an environment variable (defaults: the CPU run on the built-in
-# qwen2.5-coder-0.5b with LoRA, 13-18 minutes of training on 2 cores, scored before and
+# qwen2.5-coder-0.5b with LoRA, 8-13 minutes of training on 2 cores, scored before and
 # after on held-out prompts of another seed). Examples:
 #
 #   ./examples/tiny_python_expr/run.sh
