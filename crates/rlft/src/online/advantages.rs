@@ -114,9 +114,11 @@ fn baseline_scores(
         .per_function
         .iter()
         .map(|f| {
-            let s = f.scores.iter().zip(samples);
-            s.map(|(&x, s)| x.filter(|_| cfg.in_baseline(s.truncated)))
-                .collect()
+            let scored = f.scores.iter().zip(samples);
+            let kept = |(&x, sample): (&Option<f64>, &Sample)| {
+                x.filter(|_| cfg.in_baseline(sample.truncated))
+            };
+            scored.map(kept).collect()
         })
         .collect()
 }
